@@ -1,0 +1,31 @@
+# Set-up and checks. `make demo` and `make test` work on a fresh machine: they create
+# .venv and install everything themselves. torch is pinned here (a CPU build) so that
+# pip does not fetch a multi-GB CUDA build; pyproject.toml keeps a normal range.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.pardiag-installed
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: venv demo test bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH_PIN)"
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/pardiag demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) pardiag-runs build *.egg-info

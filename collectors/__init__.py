@@ -1,0 +1,1 @@
+"""Code that runs inside training processes (through sitecustomize) and on the launcher host."""

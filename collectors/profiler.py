@@ -1,0 +1,238 @@
+"""One torch.profiler window per rank, driven by the global step counter.
+
+The profiler object is created only when the window opens (no cost before it) and
+dropped when the trace is written (no cost after it). Steps inside the window carry
+their global number (`ProfilerStep#<step>`), the same on every rank, so windows line
+up across ranks. A complete trace goes to `trace.json.gz`; a window cut short by the
+process exiting goes to `trace.partial.json.gz` and never replaces a complete one.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch.profiler import ProfilerAction, ProfilerActivity, profile
+
+from pardiag.collectors.config import CollectorConfig, ProfileSchedule
+
+
+def phase(s: ProfileSchedule, rel: int) -> ProfilerAction:
+    """Profiler action for the step `rel` steps after the window opened."""
+    if rel < s.warmup:
+        return ProfilerAction.WARMUP
+    if rel < s.warmup + s.active - 1:
+        return ProfilerAction.RECORD
+    if rel == s.warmup + s.active - 1:
+        return ProfilerAction.RECORD_AND_SAVE
+    return ProfilerAction.NONE
+
+
+class ProfilerWindow:
+    def __init__(
+        self,
+        cfg: CollectorConfig,
+        trace_path: Path,
+        partial_path: Path,
+        use_cuda: bool,
+        on_error: Callable[[str, BaseException], None],
+    ) -> None:
+        self.cfg = cfg
+        self.schedule = cfg.schedule
+        self.trace_path = trace_path
+        self.partial_path = partial_path
+        self.use_cuda = use_cuda
+        self.on_error = on_error
+        self.state = "pending"  # pending -> running -> done | failed
+        self.prof: Any = None
+        self.first_step: int | None = None
+        self.steps_recorded: list[int] = []
+        self.complete = False
+        self.reason: str | None = None
+        self.export_s: float | None = None
+        self.trace_bytes: int | None = None
+        self._writer: threading.Thread | None = None
+        self._finished = False
+        self._exiting = False
+
+    @property
+    def activities(self) -> list[str]:
+        return ["cpu", "cuda"] if self.use_cuda else ["cpu"]
+
+    def phase_of(self, step: int) -> str | None:
+        """'warmup' / 'active' for a global step inside the window, else None."""
+        if self.first_step is None or step < self.first_step:
+            return None
+        rel = step - self.first_step
+        if rel < self.schedule.warmup:
+            return "warmup"
+        if rel < self.schedule.warmup + self.schedule.active:
+            return "active"
+        return None
+
+    def on_boundary(self, next_step: int) -> None:
+        """Called after a step ended; `next_step` is the global number of the one starting."""
+        try:
+            if self.state == "pending" and next_step >= self.schedule.wait:
+                self._open(next_step)
+            elif self.state == "running":
+                self.prof.step()
+                if self._finished:
+                    self._close()
+        except Exception as e:
+            self._fail(e)
+
+    def _open(self, first: int) -> None:
+        acts = [ProfilerActivity.CPU]
+        if self.use_cuda:
+            acts.append(ProfilerActivity.CUDA)
+        sched = self.schedule
+
+        def schedule_fn(step: int) -> ProfilerAction:
+            return phase(sched, max(step - first, 0))
+
+        self.first_step = first
+        self.prof = profile(
+            activities=acts,
+            schedule=schedule_fn,
+            on_trace_ready=self._ready,
+            record_shapes=self.cfg.record_shapes,
+            with_stack=self.cfg.with_stack,
+            profile_memory=self.cfg.profile_memory,
+        )
+        self.prof.step_num = first  # label steps with their global number
+        self.prof.start()
+        self.state = "running"
+
+    def _ready(self, prof: Any) -> None:
+        t0 = time.perf_counter()
+        last = prof.step_num
+        start = self.first_step + self.schedule.warmup
+        self.steps_recorded = list(range(start, last + 1))
+        # A window stopped at process exit ends inside a step: never complete.
+        self.complete = not self._exiting and len(self.steps_recorded) >= self.schedule.active
+        if self._exiting:
+            self.steps_recorded = self.steps_recorded[:-1]
+        target = self.trace_path if self.complete else self.partial_path
+        if not self.complete and self.trace_path.exists():
+            self.reason = "a partial window was dropped: a complete trace already exists"
+            self._finished = True
+            return
+        target.parent.mkdir(parents=True, exist_ok=True)
+        raw = target.with_name(f".{target.name}.{os.getpid()}.json")
+        prof.export_chrome_trace(str(raw))
+        self.export_s = time.perf_counter() - t0
+        self._writer = threading.Thread(
+            target=self._compress, args=(raw, target), name="pardiag-trace-gzip", daemon=True
+        )
+        self._writer.start()
+        self._finished = True
+
+    def _compress(self, raw: Path, target: Path) -> None:
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            with open(raw, "rb") as src, gzip.open(tmp, "wb", compresslevel=3) as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            os.replace(tmp, target)
+            self.trace_bytes = target.stat().st_size
+        except Exception as e:
+            self.on_error("profiler.export", e)
+            self.reason = f"trace could not be written: {e}"
+            # keep the uncompressed export rather than lose it
+            try:
+                os.replace(raw, target.with_suffix(""))
+                return
+            except OSError:
+                pass
+        finally:
+            for p in (raw, tmp):
+                try:
+                    os.unlink(p)
+                except OSError:
+                    pass
+
+    def _close(self) -> None:
+        try:
+            self.prof.stop()
+        except Exception as e:
+            self.on_error("profiler.stop", e)
+        self.prof = None
+        self.state = "done" if self.complete else "done_partial"
+
+    def _fail(self, e: BaseException) -> None:
+        self.on_error("profiler", e)
+        self.reason = f"{type(e).__name__}: {e}"
+        self.state = "failed"
+        prof, self.prof = self.prof, None
+        if prof is not None:
+            try:
+                prof.stop()
+            except Exception:
+                pass
+
+    def finish(self, timeout_s: float = 120.0) -> None:
+        """At process exit: save a window cut short, wait for the trace to be written."""
+        if self.state == "running" and self.prof is not None:
+            self._exiting = True
+            try:
+                self.prof.stop()  # triggers _ready for a recording window
+            except Exception as e:
+                self._fail(e)
+            else:
+                self.prof = None
+                if not self._finished:
+                    self.reason = "the process ended before the window reached its active steps"
+                self.state = "done" if self.complete else "done_partial"
+        if self._writer is not None:
+            self._writer.join(timeout_s)
+
+    def status(self) -> dict[str, Any]:
+        if self.state == "pending":
+            st, reason = "skipped", (
+                f"the run ended before step {self.schedule.wait} where the window opens"
+            )
+        elif self.state == "failed":
+            st, reason = "failed", self.reason
+        elif self.complete:
+            st, reason = "ok", None
+        else:
+            st, reason = "partial", self.reason or "window cut short"
+        return {
+            "status": st,
+            "reason": reason,
+            "first_step": self.first_step,
+            "steps_recorded": self.steps_recorded,
+            "complete": self.complete,
+            "activities": self.activities,
+            "schedule": {
+                "wait": self.schedule.wait,
+                "warmup": self.schedule.warmup,
+                "active": self.schedule.active,
+            },
+            "record_shapes": self.cfg.record_shapes,
+            "with_stack": self.cfg.with_stack,
+            "profile_memory": self.cfg.profile_memory,
+            "export_s": self.export_s,
+            "trace_bytes": self.trace_bytes,
+            "trace": (self.trace_path.name if self.complete else self.partial_path.name)
+            if self.state in ("done", "done_partial")
+            else None,
+        }
+
+
+def cuda_in_use(optimizers: list[Any]) -> bool:
+    """CUDA activity is traced when the model lives on a GPU."""
+    if not torch.cuda.is_available():
+        return False
+    for opt in optimizers:
+        for g in opt.param_groups:
+            for p in g["params"]:
+                if p.is_cuda:
+                    return True
+    return torch.cuda.is_initialized()

@@ -1,0 +1,5 @@
+import sys
+
+from pardiag.cli import main
+
+sys.exit(main())

@@ -1,0 +1,85 @@
+"""`pardiag` command line: one module per subcommand, one registry, `main(argv) -> int`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from typing import Callable, Sequence
+
+from pardiag import __version__
+from pardiag.errors import UserError
+from pardiag.rundir import RunDirError
+
+# name -> (module under pardiag.commands, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("run", "run a training command under the profiler and NCCL logging"),
+    "demo": ("demo", "run the bundled example job on this machine (CPU, 2 ranks) end to end"),
+    "merge": ("merge", "join per-node run directories into one"),
+}
+
+EPILOG = """examples:
+  pardiag run -- torchrun --nproc-per-node 8 train.py
+  pardiag run --out runs/exp1 --profile-steps 10,2,3 -- python -m torch.distributed.run ...
+  srun pardiag run --out /shared/runs/exp1 -- python train.py
+  pardiag demo
+"""
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Namespace], int]]]:
+    parser = argparse.ArgumentParser(
+        prog="pardiag",
+        description="Explains why a distributed PyTorch training job does not scale.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"pardiag {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    handlers: dict[str, Callable[[argparse.Namespace], int]] = {}
+    for name, (module, help_text) in COMMANDS.items():
+        mod = importlib.import_module(f"pardiag.commands.{module}")
+        p = sub.add_parser(
+            name,
+            help=help_text,
+            description=getattr(mod, "DESCRIPTION", help_text),
+            epilog=getattr(mod, "EPILOG", None),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        mod.add_arguments(p)
+        handlers[name] = mod.execute
+    return parser, handlers
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, handlers = build_parser()
+    args, extra = _split_command(parser, argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    if extra is not None:
+        args.cmd = extra
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="pardiag: %(message)s")
+    try:
+        return handlers[args.command](args)
+    except (UserError, RunDirError) as e:
+        if args.debug:
+            raise
+        print(f"pardiag: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("pardiag: interrupted", file=sys.stderr)
+        return 130
+
+
+def _split_command(
+    parser: argparse.ArgumentParser, argv: list[str]
+) -> tuple[argparse.Namespace, list[str] | None]:
+    """Everything after the first `--` is the wrapped command, untouched by argparse."""
+    if "--" in argv:
+        i = argv.index("--")
+        args = parser.parse_args(argv[:i])
+        return args, argv[i + 1 :]
+    return parser.parse_args(argv), None

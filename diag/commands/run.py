@@ -1,0 +1,274 @@
+"""`pardiag run [options] -- COMMAND ...`"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Sequence
+
+from pardiag import manifest, rundir
+from pardiag.collectors.config import CollectorConfig, ProfileSchedule, parse_ranks
+from pardiag.envsetup import build_env, recorded_env
+from pardiag.errors import UserError
+from pardiag.launcher import launch
+from pardiag.redact import redact_argv, redact_env, redact_text
+
+DESCRIPTION = """Run a training command, unchanged, with every Python rank it starts under
+torch.profiler (one window of steps), per-step timestamps for all steps, NCCL debug
+logging and PyTorch's flight recorder. Works with torchrun, python -m
+torch.distributed.run, srun, mpirun, horovodrun, deepspeed, accelerate launch and
+plain python. The command's exit code is returned unchanged."""
+
+EPILOG = """A step ends when the script's torch optimizer finishes step() (or when a loop
+without one calls pardiag.step()). Steps are numbered from 0 on every rank.
+
+examples:
+  pardiag run -- torchrun --nproc-per-node 2 examples/train_ddp.py --epochs 1
+  pardiag run --out runs/exp1 --profile-steps 20,2,3 -- torchrun --nproc-per-node 8 train.py
+  srun pardiag run --out /shared/runs/exp1 -- python train.py   # every node, one --out
+"""
+
+LAUNCHERS = {
+    "torchrun": "torchrun",
+    "torch.distributed.run": "torchrun",
+    "torch.distributed.launch": "torchrun",
+    "srun": "slurm",
+    "mpirun": "mpi",
+    "mpiexec": "mpi",
+    "horovodrun": "horovod",
+    "deepspeed": "deepspeed",
+    "accelerate": "accelerate",
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", "-o", metavar="DIR", help="run directory (default: pardiag-runs/<time>-<script>)")
+    p.add_argument(
+        "--profile-steps",
+        metavar="WAIT,WARMUP,ACTIVE",
+        default="5,2,3",
+        help="profiler window: skip WAIT steps, warm up for WARMUP, record ACTIVE (default: 5,2,3)",
+    )
+    p.add_argument("--ranks", metavar="LIST", help="profile only these ranks, e.g. 0,1 or 0-3,8 (default: all)")
+    p.add_argument("--no-profile", action="store_true", help="no profiler trace; steps, meta and logs only")
+    p.add_argument("--no-shapes", action="store_true", help="do not record tensor shapes/dtypes (a little cheaper)")
+    p.add_argument("--with-stack", action="store_true", help="record Python stacks (costly)")
+    p.add_argument("--profile-memory", action="store_true", help="record allocations (costly)")
+    p.add_argument("--no-nccl-log", action="store_true", help="do not set NCCL_DEBUG/NCCL_DEBUG_FILE")
+    p.add_argument("--job-id", help="shared by every node's `pardiag run` of one job (default: from SLURM or the torchrun rendezvous)")
+    p.add_argument("--no-report", action="store_true", help="do not write report.html after the run")
+    p.add_argument("--quiet", "-q", action="store_true", help="print only the run directory at the end")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command to run, after --")
+
+
+def execute(args: argparse.Namespace) -> int:
+    cmd = [c for c in (args.cmd or [])]
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise UserError("nothing to run: pardiag run [options] -- COMMAND [ARGS...]")
+    cfg = collector_config(args)
+    job_key = args.job_id or job_key_from(cmd, os.environ)
+    run = choose_run_dir(args.out, cmd, job_key)
+    return record(run, cmd, cfg, job_key, nccl_log=not args.no_nccl_log, quiet=args.quiet, report=not args.no_report)
+
+
+def collector_config(args: argparse.Namespace) -> CollectorConfig:
+    try:
+        schedule = ProfileSchedule.parse(args.profile_steps)
+        ranks = parse_ranks(args.ranks) if args.ranks else None
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    return CollectorConfig(
+        schedule=schedule,
+        profile=not args.no_profile,
+        ranks=ranks,
+        record_shapes=not args.no_shapes,
+        with_stack=args.with_stack,
+        profile_memory=args.profile_memory,
+    )
+
+
+def launcher_kind(cmd: Sequence[str]) -> str:
+    first = os.path.basename(cmd[0])
+    if first in LAUNCHERS:
+        return LAUNCHERS[first]
+    if re.fullmatch(r"python[0-9.]*", first):
+        if "-m" in cmd:
+            i = list(cmd).index("-m")
+            if i + 1 < len(cmd) and cmd[i + 1] in LAUNCHERS:
+                return LAUNCHERS[cmd[i + 1]]
+        return "python"
+    return first
+
+
+def job_key_from(cmd: Sequence[str], environ: os._Environ[str] | dict[str, str]) -> str | None:
+    """Every node of one job computes the same key; two different jobs do not."""
+    if environ.get("SLURM_JOB_ID"):
+        return f"slurm-{environ['SLURM_JOB_ID']}.{environ.get('SLURM_STEP_ID', '0')}"
+    for var in ("TORCHELASTIC_RUN_ID", "PBS_JOBID", "LSB_JOBID"):
+        if environ.get(var):
+            return f"{var.lower()}-{environ[var]}"
+    opts = _options(cmd)
+    if launcher_kind(cmd) == "torchrun":
+        nnodes = opts.get("nnodes", "1")
+        if nnodes not in ("1", "1:1"):
+            rdzv = opts.get("rdzv_id") or ""
+            where = opts.get("rdzv_endpoint") or f"{opts.get('master_addr', '')}:{opts.get('master_port', '')}"
+            return f"torchrun-{rdzv}@{where}"
+    return None
+
+
+def _options(cmd: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for i, a in enumerate(cmd):
+        if not a.startswith("--"):
+            continue
+        name, eq, value = a[2:].partition("=")
+        name = name.replace("-", "_")
+        if not eq:
+            value = cmd[i + 1] if i + 1 < len(cmd) and not cmd[i + 1].startswith("-") else ""
+        out.setdefault(name, value)
+    return out
+
+
+def default_out(cmd: Sequence[str], job_key: str | None) -> Path:
+    if job_key:
+        return Path("pardiag-runs") / re.sub(r"[^A-Za-z0-9_.-]+", "_", job_key)
+    script = next((os.path.basename(c) for c in cmd if c.endswith(".py")), os.path.basename(cmd[0]))
+    stem = re.sub(r"[^A-Za-z0-9_-]+", "_", script.removesuffix(".py"))[:40]
+    return Path("pardiag-runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{stem}"
+
+
+def choose_run_dir(out: str | None, cmd: Sequence[str], job_key: str | None) -> rundir.RunDir:
+    """Join the directory of the same job (another node), never a different run's."""
+    base = Path(out) if out else default_out(cmd, job_key)
+    candidate = base
+    for n in range(2, 1000):
+        try:
+            candidate.mkdir(parents=True)
+            return rundir.RunDir(candidate)
+        except FileExistsError:
+            if not candidate.is_dir():
+                raise UserError(f"{candidate} exists and is not a directory") from None
+            if _same_job(rundir.RunDir(candidate), job_key) or not any(candidate.iterdir()):
+                return rundir.RunDir(candidate)
+        except PermissionError:
+            raise UserError(f"cannot create the run directory {candidate}: permission denied") from None
+        except OSError as e:
+            raise UserError(f"cannot create the run directory {candidate}: {e.strerror}") from None
+        candidate = base.with_name(f"{base.name}-{n}")
+    raise UserError(f"too many runs named {base}")
+
+
+def _same_job(run: rundir.RunDir, job_key: str | None) -> bool:
+    if job_key is None:
+        return False
+    for rec in rundir.read_launcher_records(run):
+        if rec.get("job_key") != job_key:
+            return False
+        if job_key.startswith("slurm-") or rec.get("status") == "running":
+            return True
+    return False
+
+
+def record(
+    run: rundir.RunDir,
+    cmd: list[str],
+    cfg: CollectorConfig,
+    job_key: str | None,
+    nccl_log: bool = True,
+    quiet: bool = False,
+    report: bool = True,
+) -> int:
+    from pardiag.collectors import nvml
+
+    for d in (run.ranks_dir, run.logs_dir, run.launchers_dir, run.flight_dir, run.nccl_dir):
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"cannot write into {run.root}: {e.strerror}") from None
+    if not os.access(run.root, os.W_OK):
+        raise UserError(f"cannot write into {run.root}: permission denied")
+    host, pid = rundir.hostname(), os.getpid()
+    rank_env = build_env(os.environ, run, cfg, nccl_log=nccl_log)
+    telemetry = nvml.probe()
+    rec: dict[str, Any] = {
+        "run_id": uuid.uuid4().hex[:12],
+        "job_key": job_key,
+        "host": host,
+        "pid": pid,
+        "status": "running",
+        "command": redact_argv(cmd),
+        "launcher": launcher_kind(cmd),
+        "cwd": os.getcwd(),
+        "started": time.time(),
+        "ended": None,
+        "exit_code": None,
+        "profiler": {
+            "enabled": cfg.profile,
+            "schedule": {"wait": cfg.schedule.wait, "warmup": cfg.schedule.warmup, "active": cfg.schedule.active},
+            "ranks": list(cfg.ranks) if cfg.ranks is not None else None,
+            "record_shapes": cfg.record_shapes,
+            "with_stack": cfg.with_stack,
+            "profile_memory": cfg.profile_memory,
+        },
+        "env": redact_env(recorded_env(rank_env.env)),
+        "nccl": {
+            "set_by_pardiag": redact_env({k: v for k, v in rank_env.set_by_pardiag.items() if k != "PYTHONPATH"}),
+            "kept_from_user": redact_env(rank_env.kept_from_user),
+        },
+        "telemetry": telemetry,
+    }
+    try:
+        manifest.write_launcher_record(run, rec)
+    except OSError as e:
+        raise UserError(f"cannot write into {run.root}: {e.strerror}") from None
+    if not quiet:
+        s = cfg.schedule
+        window = (
+            f"steps {s.first_active}-{s.end - 1}" if cfg.profile else "off"
+        )
+        print(f"pardiag: recording into {run.root} (profiler window: {window})", file=sys.stderr, flush=True)
+
+    secrets = {k: v for k, v in os.environ.items()}
+    result = launch(
+        cmd,
+        rank_env.env,
+        run.stream_log(host, pid, "stdout"),
+        run.stream_log(host, pid, "stderr"),
+        clean=lambda text: redact_text(text, secrets),
+    )
+    if result.error:
+        print(f"pardiag: error: {result.error}", file=sys.stderr)
+    rec.update(
+        status="ended",
+        ended=result.ended,
+        exit_code=result.exit_code,
+        signals_received=result.signals_received,
+        killed_by_signal=result.killed_by_signal,
+        error=result.error,
+    )
+    try:
+        manifest.write_launcher_record(run, rec)
+        doc = manifest.write(run)
+    except OSError as e:
+        print(f"pardiag: error: could not write the manifest into {run.root}: {e}", file=sys.stderr)
+        return result.exit_code
+    if not quiet:
+        from pardiag.summary import print_run_summary
+
+        print_run_summary(run, doc)
+    else:
+        print(run.root)
+    return result.exit_code
+
+
+def quoted(cmd: Sequence[str]) -> str:
+    return " ".join(shlex.quote(c) for c in cmd)

@@ -1,0 +1,267 @@
+"""The run directory: the one place that knows file names, layout and on-disk formats.
+
+Collectors write through this module, analyzers and renderers read through it.
+It imports nothing heavy (no torch, no rich) because it is loaded inside every
+training process.
+
+Layout (format version 1)::
+
+    RUN/
+      manifest.json                 written last, atomically, by the launcher(s)
+      launchers/<host>.<pid>.json   one record per `pardiag run` process (several nodes)
+      ranks/<rank>/trace.json.gz    Kineto trace of the profiled window
+      ranks/<rank>/steps.jsonl      one line per training step, every step
+      ranks/<rank>/meta.json        what the rank used (DDP, FSDP, AMP, DataLoader, ...)
+      ranks/<rank>/telemetry.jsonl  NVML samples
+      nccl/<host>.<pid>.log         NCCL_DEBUG output
+      flight/                       PyTorch flight-recorder dumps
+      logs/                         launcher stdout/stderr copies
+      analysis.json                 cached Analysis
+      report.html
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+FORMAT = "pardiag.run"
+FORMAT_VERSION = 1
+META_FORMAT = "pardiag.rank-meta"
+META_VERSION = 1
+LAUNCHER_FORMAT = "pardiag.launcher"
+LAUNCHER_VERSION = 1
+
+
+class RunDirError(Exception):
+    """A run directory that cannot be read as asked (missing, newer format, corrupt)."""
+
+
+@dataclass(frozen=True)
+class RunDir:
+    root: Path
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / "manifest.json"
+
+    @property
+    def ranks_dir(self) -> Path:
+        return self.root / "ranks"
+
+    @property
+    def nccl_dir(self) -> Path:
+        return self.root / "nccl"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def launchers_dir(self) -> Path:
+        return self.root / "launchers"
+
+    @property
+    def flight_dir(self) -> Path:
+        return self.root / "flight"
+
+    @property
+    def bootstrap_errors_dir(self) -> Path:
+        return self.root / "logs" / "bootstrap"
+
+    @property
+    def analysis(self) -> Path:
+        return self.root / "analysis.json"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report.html"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / ".lock"
+
+    def rank_dir(self, rank: int) -> Path:
+        return self.ranks_dir / str(rank)
+
+    def trace(self, rank: int) -> Path:
+        return self.rank_dir(rank) / "trace.json.gz"
+
+    def partial_trace(self, rank: int) -> Path:
+        return self.rank_dir(rank) / "trace.partial.json.gz"
+
+    def steps(self, rank: int) -> Path:
+        return self.rank_dir(rank) / "steps.jsonl"
+
+    def meta(self, rank: int) -> Path:
+        return self.rank_dir(rank) / "meta.json"
+
+    def telemetry(self, rank: int) -> Path:
+        return self.rank_dir(rank) / "telemetry.jsonl"
+
+    def flight_prefix(self) -> Path:
+        """Prefix PyTorch appends the rank to when it dumps its flight recorder."""
+        return self.flight_dir / "rank_"
+
+    def nccl_log_pattern(self) -> str:
+        """NCCL_DEBUG_FILE value: NCCL expands %h to the host name and %p to the pid."""
+        return str(self.nccl_dir / "%h.%p.log")
+
+    def launcher_record(self, host: str, pid: int) -> Path:
+        return self.launchers_dir / f"{_safe_name(host)}.{pid}.json"
+
+    def stream_log(self, host: str, pid: int, stream: str) -> Path:
+        return self.logs_dir / f"{_safe_name(host)}.{pid}.{stream}.log"
+
+    def ranks(self) -> list[int]:
+        """Ranks that left a directory, in order."""
+        if not self.ranks_dir.is_dir():
+            return []
+        out = []
+        for p in self.ranks_dir.iterdir():
+            if p.is_dir() and p.name.isdigit():
+                out.append(int(p.name))
+        return sorted(out)
+
+
+def _safe_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "host"
+
+
+def hostname() -> str:
+    return socket.gethostname()
+
+
+# ---------------------------------------------------------------------------
+# Writing
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write to a temporary file in the same folder, then rename over the target."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+class StepsWriter:
+    """Appends one JSON line per step with a single write() so a crash loses at most
+    the line being written and concurrent readers never see half a record."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def write(self, record: dict[str, Any]) -> None:
+        os.write(self._fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+# ---------------------------------------------------------------------------
+# Reading
+
+
+def read_json(path: Path) -> Any:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise RunDirError(f"{path}: no such file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RunDirError(f"{path}: not valid JSON ({e})") from None
+
+
+def _check_version(doc: Any, path: Path, fmt: str, version: int) -> dict[str, Any]:
+    if not isinstance(doc, dict) or doc.get("format") != fmt:
+        raise RunDirError(f"{path}: not a {fmt} file")
+    v = doc.get("format_version")
+    if not isinstance(v, int):
+        raise RunDirError(f"{path}: format_version missing")
+    if v > version:
+        raise RunDirError(
+            f"{path}: format version {v} is newer than this pardiag understands ({version}); "
+            "upgrade pardiag"
+        )
+    return doc
+
+
+def read_manifest(run: RunDir) -> dict[str, Any]:
+    return _check_version(read_json(run.manifest), run.manifest, FORMAT, FORMAT_VERSION)
+
+
+def read_meta(run: RunDir, rank: int) -> dict[str, Any]:
+    path = run.meta(rank)
+    return _check_version(read_json(path), path, META_FORMAT, META_VERSION)
+
+
+def read_launcher_records(run: RunDir) -> list[dict[str, Any]]:
+    out = []
+    if not run.launchers_dir.is_dir():
+        return out
+    for p in sorted(run.launchers_dir.glob("*.json")):
+        try:
+            out.append(_check_version(read_json(p), p, LAUNCHER_FORMAT, LAUNCHER_VERSION))
+        except RunDirError:
+            continue
+    return out
+
+
+def iter_steps(path: Path) -> Iterator[dict[str, Any]]:
+    """Step records; a torn last line (a killed rank) is skipped, not fatal."""
+    try:
+        f = open(path, encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return
+    with f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+                yield rec
+
+
+def read_steps(run: RunDir, rank: int) -> list[dict[str, Any]]:
+    return list(iter_steps(run.steps(rank)))
+
+
+def is_run_dir(path: Path) -> bool:
+    return path.is_dir() and (
+        (path / "manifest.json").is_file()
+        or (path / "ranks").is_dir()
+        or (path / "launchers").is_dir()
+    )

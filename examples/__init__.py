@@ -1,0 +1,1 @@
+"""Example training jobs that `pardiag demo` and the tests run."""
