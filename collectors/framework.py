@@ -57,6 +57,8 @@ class Framework:
         self.grad_scaler_calls = 0
         self.backwards_per_step: list[int] = []
         self._forward_hook: Any = None
+        self._last_facts: dict[str, Any] = {}
+        self._ddp_seen: dict[int, dict[str, Any]] = {}
         self._restore: list[tuple[Any, str, Any]] = []
 
     # -- installation -----------------------------------------------------------------
@@ -293,6 +295,8 @@ class Framework:
     # -- facts ------------------------------------------------------------------------
 
     def facts(self) -> dict[str, Any]:
+        """Current facts; objects already freed (the model after training, at exit)
+        are described as they were last seen."""
         out: dict[str, Any] = {}
         for key, fn in (
             ("ddp", self._ddp_facts),
@@ -311,29 +315,34 @@ class Framework:
             except Exception as e:
                 self.on_error(f"meta.{key}", e)
                 out[key] = None
+        if not self._live_optimizers() and self._last_facts:
+            for key in ("fsdp", "optimizers", "parameters"):
+                out[key] = self._last_facts.get(key)
+        self._last_facts = out
         return out
 
     def _ddp_facts(self) -> list[dict[str, Any]]:
-        out = []
-        for ref in self.ddp:
+        for i, ref in enumerate(self.ddp):
             m = ref()
-            if m is None:
-                continue
-            d: dict[str, Any] = {"args": dict(self.ddp_args.get(id(m), {}))}
-            d["static_graph"] = bool(getattr(m, "static_graph", False))
-            d["find_unused_parameters"] = bool(getattr(m, "find_unused_parameters", False))
-            d["gradient_as_bucket_view"] = bool(getattr(m, "gradient_as_bucket_view", False))
-            cap = getattr(m, "bucket_bytes_cap", None)
-            d["bucket_cap_mb"] = cap / (1024 * 1024) if isinstance(cap, (int, float)) else None
-            d["comm_hook"] = _comm_hook_name(m)
-            d["logging"] = _ddp_logging_data(m)
-            sizes = _int_list(d["logging"].get("rebuilt_bucket_sizes")) or _int_list(
-                d["logging"].get("bucket_sizes")
-            )
-            d["bucket_sizes_bytes"] = sizes
-            d["bucket_count"] = len(sizes) if sizes else None
-            out.append(d)
-        return out
+            if m is not None:
+                self._ddp_seen[i] = self._describe_ddp(m)
+        return [self._ddp_seen[i] for i in sorted(self._ddp_seen)]
+
+    def _describe_ddp(self, m: Any) -> dict[str, Any]:
+        d: dict[str, Any] = {"args": dict(self.ddp_args.get(id(m), {}))}
+        d["static_graph"] = bool(getattr(m, "static_graph", False))
+        d["find_unused_parameters"] = bool(getattr(m, "find_unused_parameters", False))
+        d["gradient_as_bucket_view"] = bool(getattr(m, "gradient_as_bucket_view", False))
+        cap = getattr(m, "bucket_bytes_cap", None)
+        d["bucket_cap_mb"] = cap / (1024 * 1024) if isinstance(cap, (int, float)) else None
+        d["comm_hook"] = _comm_hook_name(m)
+        d["logging"] = _ddp_logging_data(m)
+        sizes = _int_list(d["logging"].get("rebuilt_bucket_sizes")) or _int_list(
+            d["logging"].get("bucket_sizes")
+        )
+        d["bucket_sizes_bytes"] = sizes
+        d["bucket_count"] = len(sizes) if sizes else None
+        return d
 
     def _fsdp_facts(self) -> dict[str, Any] | None:
         fsdp2 = _fsdp2_facts(self._live_optimizers())

@@ -112,7 +112,9 @@ class ProfilerWindow:
 
     def _ready(self, prof: Any) -> None:
         t0 = time.perf_counter()
-        last = prof.step_num
+        # step() has already moved step_num to the next step when the trace is ready;
+        # stop() at exit has not.
+        last = prof.step_num if self._exiting else prof.step_num - 1
         start = self.first_step + self.schedule.warmup
         self.steps_recorded = list(range(start, last + 1))
         # A window stopped at process exit ends inside a step: never complete.

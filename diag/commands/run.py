@@ -147,35 +147,60 @@ def default_out(cmd: Sequence[str], job_key: str | None) -> Path:
 
 
 def choose_run_dir(out: str | None, cmd: Sequence[str], job_key: str | None) -> rundir.RunDir:
-    """Join the directory of the same job (another node), never a different run's."""
+    """Join the directory of the same job (another node), never a different run's.
+
+    The directory is claimed at once with this launcher's record, so a second node
+    starting a moment later recognises it as the same job.
+    """
     base = Path(out) if out else default_out(cmd, job_key)
     candidate = base
     for n in range(2, 1000):
         try:
             candidate.mkdir(parents=True)
-            return rundir.RunDir(candidate)
+            joined = False
         except FileExistsError:
             if not candidate.is_dir():
                 raise UserError(f"{candidate} exists and is not a directory") from None
-            if _same_job(rundir.RunDir(candidate), job_key) or not any(candidate.iterdir()):
-                return rundir.RunDir(candidate)
+            joined = _joinable(rundir.RunDir(candidate), job_key)
+            if not joined:
+                candidate = base.with_name(f"{base.name}-{n}")
+                continue
         except PermissionError:
             raise UserError(f"cannot create the run directory {candidate}: permission denied") from None
         except OSError as e:
             raise UserError(f"cannot create the run directory {candidate}: {e.strerror}") from None
-        candidate = base.with_name(f"{base.name}-{n}")
+        run = rundir.RunDir(candidate)
+        _claim(run, job_key)
+        if candidate != base and not joined:
+            print(f"pardiag: {base} holds another run; recording into {candidate}", file=sys.stderr)
+        return run
     raise UserError(f"too many runs named {base}")
 
 
-def _same_job(run: rundir.RunDir, job_key: str | None) -> bool:
+def _claim(run: rundir.RunDir, job_key: str | None) -> None:
+    try:
+        manifest.write_launcher_record(
+            run,
+            {"host": rundir.hostname(), "pid": os.getpid(), "job_key": job_key, "status": "running", "started": time.time()},
+        )
+    except OSError as e:
+        raise UserError(f"cannot write into {run.root}: {e.strerror}") from None
+
+
+def _joinable(run: rundir.RunDir, job_key: str | None, wait_s: float = 5.0) -> bool:
+    """An empty folder, or a run of the same job still in progress (any job step for SLURM)."""
+    if not any(run.root.iterdir()):
+        return True
     if job_key is None:
         return False
-    for rec in rundir.read_launcher_records(run):
-        if rec.get("job_key") != job_key:
-            return False
-        if job_key.startswith("slurm-") or rec.get("status") == "running":
-            return True
-    return False
+    deadline = time.time() + wait_s
+    records = rundir.read_launcher_records(run)
+    while not records and time.time() < deadline:  # the other node is still claiming it
+        time.sleep(0.1)
+        records = rundir.read_launcher_records(run)
+    if not records or any(r.get("job_key") != job_key for r in records):
+        return False
+    return job_key.startswith("slurm-") or any(r.get("status") == "running" for r in records)
 
 
 def record(

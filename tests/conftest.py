@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+SHARED = REPO.parent / "shared"
+FIXTURES = SHARED / "fixtures"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(nproc: int, script: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script), *args]
+
+
+def pardiag_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "pardiag", *args]
+
+
+def run_pardiag(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+                timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    e = dict(os.environ)
+    e.pop("PARDIAG_RUN_DIR", None)
+    if env:
+        e.update(env)
+    return subprocess.run(pardiag_cmd(*args), cwd=cwd, env=e, capture_output=True, text=True, timeout=timeout)
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def read_steps(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture
+def tiny_script() -> Path:
+    return SCRIPTS / "tiny_ddp.py"
