@@ -281,3 +281,35 @@ def test_second_run_into_same_out_does_not_overwrite(tmp_path: Path) -> None:
     assert (tmp_path / "same-2" / "manifest.json").exists()
     assert "recording into" in res.stderr and "same-2" in res.stderr
     assert len(read_json(out / "manifest.json")["launchers"]) == 1
+
+
+@pytest.mark.parametrize(
+    "env, rank, world",
+    [
+        ({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4"}, 3, 4),  # mpirun (Open MPI)
+        ({"PMI_RANK": "2", "PMI_SIZE": "3"}, 2, 3),  # mpirun (MPICH / Intel MPI)
+        ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1"}, 5, 8),  # srun
+        ({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2"}, 1, 2),  # horovodrun
+        ({"RANK": "6", "WORLD_SIZE": "7", "SLURM_PROCID": "0"}, 6, 7),  # torchrun under srun
+    ],
+)
+def test_rank_from_launcher_variables(env: dict[str, str], rank: int, world: int) -> None:
+    from pardiag.collectors.runtime import resolve_rank
+
+    info = resolve_rank(env)
+    assert (info["rank"], info["world_size"]) == (rank, world)
+
+
+def test_srun_style_rank_and_shared_default_out(tmp_path: Path) -> None:
+    """Under srun every task runs `pardiag run` itself; the rank comes from SLURM_PROCID
+    and the default run directory is named after the job, so every node finds it."""
+    env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0"}
+    res = run_pardiag("run", "-q", "--profile-steps", "1,1,1", "--",
+                      sys.executable, str(SCRIPTS / "tiny_ddp.py"), "--steps", "3", cwd=tmp_path, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = tmp_path / "pardiag-runs" / "slurm-4242.0"
+    meta = read_json(out / "ranks/1/meta.json")
+    assert meta["rank"] == 1 and meta["world_size"] == 2 and meta["rank_source"] == "SLURM_PROCID"
+    m = read_json(out / "manifest.json")
+    assert m["job_key"] == "slurm-4242.0" and m["collectors"]["missing_ranks"] == [0]
+    assert m["collectors"]["steps"]["status"] == "partial"
