@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 WARMUP_STEPS = 1  # step 0 carries one-time costs (allocator, first collectives)
+# A step in which pardiag itself spent this long (opening or closing the profiler,
+# writing the trace) is left out of the statistics of undisturbed steps.
+DISTURBED_US = 1000.0
 
 
 @dataclass(frozen=True)
@@ -17,6 +20,7 @@ class StepStats:
     p90_us: float | None
     max_us: float | None
     data_share: float | None  # host time waiting on the DataLoader / step time
+    disturbed: int  # steps left out because pardiag worked in them (profiler start/stop)
     profiled_p50_us: float | None  # steps inside the profiler's active window
     last_step: int | None
 
@@ -32,8 +36,10 @@ def percentile(sorted_xs: list[float], q: float) -> float:
 
 
 def step_stats(records: Iterable[dict[str, Any]]) -> StepStats:
-    """Statistics over steps outside the profiler window, step 0 left out."""
+    """Statistics over steps outside the profiler window, step 0 and steps in which
+    pardiag itself worked left out."""
     plain: list[float] = []
+    disturbed = 0
     profiled: list[float] = []
     data = total = 0.0
     last = None
@@ -44,6 +50,8 @@ def step_stats(records: Iterable[dict[str, Any]]) -> StepStats:
             continue
         if r.get("profiler") == "active":
             profiled.append(float(dur))
+        elif float(r.get("pardiag_us") or 0.0) >= DISTURBED_US:
+            disturbed += 1
         elif r.get("profiler") is None:
             plain.append(float(dur))
             total += dur
@@ -57,6 +65,7 @@ def step_stats(records: Iterable[dict[str, Any]]) -> StepStats:
         p90_us=percentile(plain, 0.9) if plain else None,
         max_us=plain[-1] if plain else None,
         data_share=data / total if total > 0 else None,
+        disturbed=disturbed,
         profiled_p50_us=percentile(profiled, 0.5) if profiled else None,
         last_step=last,
     )

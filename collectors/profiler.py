@@ -3,16 +3,15 @@
 The profiler object is created only when the window opens (no cost before it) and
 dropped when the trace is written (no cost after it). Steps inside the window carry
 their global number (`ProfilerStep#<step>`), the same on every rank, so windows line
-up across ranks. A complete trace goes to `trace.json.gz`; a window cut short by the
-process exiting goes to `trace.partial.json.gz` and never replaces a complete one.
+up across ranks. A complete trace goes to `trace.json`; a window cut short by the
+process exiting goes to `trace.partial.json` and never replaces a complete one.
+Compression is left to the launcher after the job ends, so no gzip competes with
+the training for the CPU.
 """
 
 from __future__ import annotations
 
-import gzip
 import os
-import shutil
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -57,7 +56,6 @@ class ProfilerWindow:
         self.reason: str | None = None
         self.export_s: float | None = None
         self.trace_bytes: int | None = None
-        self._writer: threading.Thread | None = None
         self._finished = False
         self._exiting = False
 
@@ -127,37 +125,21 @@ class ProfilerWindow:
             self._finished = True
             return
         target.parent.mkdir(parents=True, exist_ok=True)
-        raw = target.with_name(f".{target.name}.{os.getpid()}.json")
-        prof.export_chrome_trace(str(raw))
-        self.export_s = time.perf_counter() - t0
-        self._writer = threading.Thread(
-            target=self._compress, args=(raw, target), name="pardiag-trace-gzip", daemon=True
-        )
-        self._writer.start()
-        self._finished = True
-
-    def _compress(self, raw: Path, target: Path) -> None:
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         try:
-            with open(raw, "rb") as src, gzip.open(tmp, "wb", compresslevel=3) as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
+            prof.export_chrome_trace(str(tmp))
             os.replace(tmp, target)
             self.trace_bytes = target.stat().st_size
         except Exception as e:
             self.on_error("profiler.export", e)
-            self.reason = f"trace could not be written: {e}"
-            # keep the uncompressed export rather than lose it
+            self.reason = f"trace could not be written: {type(e).__name__}: {e}"
+            self.complete = False
             try:
-                os.replace(raw, target.with_suffix(""))
-                return
+                os.unlink(tmp)
             except OSError:
                 pass
-        finally:
-            for p in (raw, tmp):
-                try:
-                    os.unlink(p)
-                except OSError:
-                    pass
+        self.export_s = time.perf_counter() - t0
+        self._finished = True
 
     def _close(self) -> None:
         try:
@@ -178,8 +160,8 @@ class ProfilerWindow:
             except Exception:
                 pass
 
-    def finish(self, timeout_s: float = 120.0) -> None:
-        """At process exit: save a window cut short, wait for the trace to be written."""
+    def finish(self) -> None:
+        """At process exit: save a window cut short."""
         if self.state == "running" and self.prof is not None:
             self._exiting = True
             try:
@@ -191,8 +173,6 @@ class ProfilerWindow:
                 if not self._finished:
                     self.reason = "the process ended before the window reached its active steps"
                 self.state = "done" if self.complete else "done_partial"
-        if self._writer is not None:
-            self._writer.join(timeout_s)
 
     def status(self) -> dict[str, Any]:
         if self.state == "pending":
@@ -223,7 +203,7 @@ class ProfilerWindow:
             "export_s": self.export_s,
             "trace_bytes": self.trace_bytes,
             "trace": (self.trace_path.name if self.complete else self.partial_path.name)
-            if self.state in ("done", "done_partial")
+            if self.trace_bytes
             else None,
         }
 

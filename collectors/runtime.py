@@ -109,6 +109,7 @@ class Collector:
         self.opt_t0: int | None = None
         self.opt_ns = 0
         self.prev_end_ns: int | None = None
+        self.boundary_ns = 0
         self.started_wall_ns = time.time_ns()
         self.exit_info: dict[str, Any] = {"status": "running"}
         self.meta_writes = 0
@@ -210,6 +211,7 @@ class Collector:
                 "step": self.step,
                 "t_end_ns": wall,
                 "dur_us": (now - begin) / 1e3 if begin is not None else None,
+                "pardiag_us": self.boundary_ns / 1e3,
                 "data_us": c.data_ns / 1e3,
                 "bwd_us": c.bwd_ns / 1e3,
                 "opt_us": self.opt_ns / 1e3,
@@ -244,8 +246,11 @@ class Collector:
             if self.step == self.cfg.meta_sample_steps:
                 fw.stop_forward_hook()
                 self.write_meta()
-            # the export of the trace must not be charged to the next step
-            self.prev_end_ns = time.perf_counter_ns()
+            # The step ends now; what pardiag does at the boundary (opening or closing
+            # the profiler, writing the trace) is part of the next step's wall time and
+            # is reported in its `pardiag_us`, so analyses can tell it apart.
+            self.prev_end_ns = now
+            self.boundary_ns = time.perf_counter_ns() - now
 
     def _start(self) -> None:
         info = resolve_rank(os.environ)
@@ -308,7 +313,7 @@ class Collector:
         if self.rank_info is None or "all" in self.disabled:
             return
         try:
-            rundir.atomic_write_json(self.run.meta(self.rank_info["rank"]), self.meta())
+            rundir.atomic_write_json(self.run.meta(self.rank_info["rank"]), self.meta(), durable=False)
             self.meta_writes += 1
         except Exception as e:
             self._error("meta", e)

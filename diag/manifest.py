@@ -48,9 +48,9 @@ def _rank_summary(run: rundir.RunDir, rank: int) -> tuple[dict[str, Any], dict[s
         last = rec["step"]
     info["steps"] = steps
     info["last_step"] = last
-    info["trace"] = run.trace(rank).name if run.trace(rank).exists() else (
-        run.partial_trace(rank).name if run.partial_trace(rank).exists() else None
-    )
+    trace, complete = run.find_trace(rank)
+    info["trace"] = trace.name if trace is not None else None
+    info["trace_complete"] = complete
     if meta is not None:
         info["host"] = meta.get("host")
         info["pid"] = meta.get("pid")

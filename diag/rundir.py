@@ -9,7 +9,8 @@ Layout (format version 1)::
     RUN/
       manifest.json                 written last, atomically, by the launcher(s)
       launchers/<host>.<pid>.json   one record per `pardiag run` process (several nodes)
-      ranks/<rank>/trace.json.gz    Kineto trace of the profiled window
+      ranks/<rank>/trace.json.gz    Kineto trace of the profiled window (trace.json until
+                                    the launcher has compressed it)
       ranks/<rank>/steps.jsonl      one line per training step, every step
       ranks/<rank>/meta.json        what the rank used (DDP, FSDP, AMP, DataLoader, ...)
       ranks/<rank>/telemetry.jsonl  NVML samples
@@ -90,10 +91,23 @@ class RunDir:
         return self.ranks_dir / str(rank)
 
     def trace(self, rank: int) -> Path:
-        return self.rank_dir(rank) / "trace.json.gz"
+        """Where a rank writes its complete trace (the launcher compresses it later)."""
+        return self.rank_dir(rank) / "trace.json"
 
     def partial_trace(self, rank: int) -> Path:
-        return self.rank_dir(rank) / "trace.partial.json.gz"
+        return self.rank_dir(rank) / "trace.partial.json"
+
+    def find_trace(self, rank: int) -> tuple[Path | None, bool]:
+        """(the rank's trace file, whether its window is complete); compressed first."""
+        for path, complete in (
+            (self.trace(rank).with_suffix(".json.gz"), True),
+            (self.trace(rank), True),
+            (self.partial_trace(rank).with_suffix(".json.gz"), False),
+            (self.partial_trace(rank), False),
+        ):
+            if path.is_file():
+                return path, complete
+        return None, False
 
     def steps(self, rank: int) -> Path:
         return self.rank_dir(rank) / "steps.jsonl"
@@ -141,8 +155,11 @@ def hostname() -> str:
 # Writing
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write to a temporary file in the same folder, then rename over the target."""
+def atomic_write_text(path: Path, text: str, durable: bool = True) -> None:
+    """Write to a temporary file in the same folder, then rename over the target.
+
+    `durable=False` skips the fsync: for files rewritten often from inside training.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -150,7 +167,8 @@ def atomic_write_text(path: Path, text: str) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -166,8 +184,8 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+def atomic_write_json(path: Path, obj: Any, durable: bool = True) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n", durable)
 
 
 class StepsWriter:
@@ -185,6 +203,24 @@ class StepsWriter:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def compress_file(path: Path, level: int = 6) -> Path:
+    """`x.json` -> `x.json.gz` atomically; the original is removed only afterwards."""
+    import gzip
+    import shutil
+
+    target = path.with_name(path.name + ".gz")
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        with open(path, "rb") as src, gzip.open(tmp, "wb", compresslevel=level) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    path.unlink()
+    return target
 
 
 # ---------------------------------------------------------------------------

@@ -113,11 +113,13 @@ def test_step_stats_by_hand() -> None:
     recs += [{"step": i, "dur_us": float(d), "data_us": 10.0} for i, d in enumerate([100, 300, 200, 400], start=1)]
     recs += [{"step": 5, "dur_us": 900.0, "data_us": 0, "profiler": "active"}]
     recs += [{"step": 6, "dur_us": 800.0, "data_us": 0, "profiler": "warmup"}]
+    recs += [{"step": 7, "dur_us": 700.0, "data_us": 0, "pardiag_us": 450_000.0}]  # closing the window
     st = step_stats(recs)
+    assert st.disturbed == 1
     assert st.n == 4 and st.p50_us == 250.0 and st.mean_us == 250.0 and st.max_us == 400.0
     assert st.p90_us == pytest.approx(370.0)  # 300 + 0.7 * (400 - 300)
     assert st.data_share == pytest.approx(40 / 1000)
-    assert st.profiled_p50_us == 900.0 and st.last_step == 6
+    assert st.profiled_p50_us == 900.0 and st.last_step == 7
     assert percentile([1.0], 0.9) == 1.0
 
 

@@ -280,6 +280,7 @@ def record(
         killed_by_signal=result.killed_by_signal,
         error=result.error,
     )
+    compress_traces(run, host)
     try:
         manifest.write_launcher_record(run, rec)
         doc = manifest.write(run)
@@ -293,6 +294,34 @@ def record(
     else:
         print(run.root)
     return result.exit_code
+
+
+def compress_traces(run: rundir.RunDir, host: str) -> None:
+    """Compress the traces this host's ranks wrote (after the job: no cost to training)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    todo = []
+    for r in run.ranks():
+        for raw in (run.trace(r), run.partial_trace(r)):
+            if not raw.is_file():
+                continue
+            try:
+                owner = rundir.read_meta(run, r).get("host")
+            except rundir.RunDirError:
+                owner = None
+            if owner in (None, host):
+                todo.append(raw)
+    if not todo:
+        return
+    total = sum(p.stat().st_size for p in todo)
+    if total > 64 << 20:
+        print(f"pardiag: compressing {len(todo)} traces ({total / 2**20:.0f} MB)", file=sys.stderr, flush=True)
+    with ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as pool:
+        for raw, fut in [(p, pool.submit(rundir.compress_file, p)) for p in todo]:
+            try:
+                fut.result()
+            except OSError as e:
+                print(f"pardiag: warning: could not compress {raw}: {e}", file=sys.stderr)
 
 
 def quoted(cmd: Sequence[str]) -> str:
