@@ -15,6 +15,7 @@ from pardiag.rundir import RunDirError
 # name -> (module under pardiag.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("run", "run a training command under the profiler and NCCL logging"),
+    "analyze": ("analyze", "where each rank's time goes, waiting vs transfer, stragglers"),
     "demo": ("demo", "run the bundled example job on this machine (CPU, 2 ranks) end to end"),
     "merge": ("merge", "join per-node run directories into one"),
 }

@@ -40,7 +40,7 @@ def test_union(starts: list[float], ends: list[float], merged: list[tuple[float,
 
 def test_total_length() -> None:
     assert total_length([], []) == 0.0
-    assert total_length([5, 0, 2], [8, 3, 4]) == 3 + 4 - 2 + 0 + 3  # [0,4] + [5,8] = 7
+    assert total_length([5, 0, 2], [8, 3, 4]) == 7  # [0,4] + [5,8]
     assert total_length([0, 0], [10, 10]) == 10  # duplicates count once
 
 

@@ -1,0 +1,316 @@
+"""From a run directory (or a folder of plain torch.profiler traces, or one trace file)
+to the Analysis. Ranks are parsed in parallel processes; only small summaries travel
+back. Everything that is missing or odd becomes a notice, never an exception.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from pardiag import rundir
+from pardiag.analysis import Analysis, GpuTime, Notice, RankResult, StepTime
+from pardiag.analyzers.collectives import clock_offsets, end_times, match
+from pardiag.analyzers.groups import process_groups
+from pardiag.analyzers.rank_trace import RankTrace, analyze_rank_trace
+from pardiag.analyzers.steps import step_stats
+from pardiag.analyzers.stragglers import RankEvidence, find_stragglers
+from pardiag.errors import UserError
+
+TRACE_NAME = re.compile(r".*\.json(\.gz)?$")
+Progress = Callable[[int, int], None]
+SKEW_WARN_US = 5_000_000.0  # clocks of hosts this far apart make cross-rank times meaningless
+
+
+@dataclass(frozen=True)
+class RankInput:
+    rank: int
+    trace: Path | None
+    trace_complete: bool
+
+
+@dataclass(frozen=True)
+class TraceSummary:
+    """What one worker process returns for one rank (small, picklable)."""
+
+    rank: int
+    result: RankTrace | None
+    gpu: GpuTime | None
+    base_time_ns: int | None
+    host: str | None
+    error: str | None
+
+
+def _summarise(inp: RankInput) -> TraceSummary:
+    from pardiag.analyzers.gpu_breakdown import gpu_breakdown
+    from pardiag.analyzers.trace import TraceError, load_trace
+
+    assert inp.trace is not None
+    try:
+        trace = load_trace(inp.trace)
+    except TraceError as e:
+        return TraceSummary(inp.rank, None, None, None, None, str(e))
+    except MemoryError:
+        return TraceSummary(inp.rank, None, None, None, None, f"{inp.trace}: out of memory while reading")
+    result = analyze_rank_trace(trace)
+    g = gpu_breakdown(trace)
+    gpu = (
+        GpuTime(
+            span_us=g.span_us,
+            compute_us=g.compute_us,
+            comm_us=g.comm_us,
+            overlap_us=g.overlap_us,
+            memory_us=g.memory_us,
+            idle_us=g.idle_us,
+            kernel_us=g.kernel_us,
+        )
+        if g is not None
+        else None
+    )
+    host = None
+    return TraceSummary(inp.rank, result, gpu, trace.base_time_ns, host, None)
+
+
+# -- inputs ---------------------------------------------------------------------------------
+
+
+def find_inputs(path: Path, notices: list[Notice]) -> tuple[rundir.RunDir | None, list[RankInput]]:
+    if not path.exists():
+        raise UserError(f"{path}: no such file or directory")
+    if path.is_file():
+        if not TRACE_NAME.match(path.name):
+            raise UserError(f"{path}: not a trace (.json or .json.gz) nor a run directory")
+        return None, _plain_traces([path], notices)
+    if rundir.is_run_dir(path):
+        run = rundir.RunDir(path)
+        inputs = []
+        for r in run.ranks():
+            trace, complete = run.find_trace(r)
+            inputs.append(RankInput(r, trace, complete))
+        return run, inputs
+    files = sorted(p for p in path.iterdir() if p.is_file() and TRACE_NAME.match(p.name))
+    if not files:
+        raise UserError(f"{path}: no run directory and no trace files (*.json, *.json.gz) in it")
+    return None, _plain_traces(files, notices)
+
+
+def _plain_traces(files: list[Path], notices: list[Notice]) -> list[RankInput]:
+    from pardiag.analyzers.trace import rank_of
+
+    out: dict[int, RankInput] = {}
+    unranked = []
+    for f in files:
+        r = rank_of(f)
+        if r is None:
+            unranked.append(f)
+        elif r in out:
+            notices.append(Notice("warning", f"two traces claim rank {r}: {out[r].trace} and {f}; using the first"))
+        else:
+            out[r] = RankInput(r, f, True)
+    for f in unranked:
+        r = next(i for i in range(len(files) + len(out) + 1) if i not in out)
+        notices.append(Notice("warning", f"{f.name}: no rank in the trace or its name; taken as rank {r} by order"))
+        out[r] = RankInput(r, f, True)
+    return [out[r] for r in sorted(out)]
+
+
+# -- the analysis ---------------------------------------------------------------------------
+
+
+def analyze_path(path: Path, jobs: int | None = None, progress: Progress | None = None) -> Analysis:
+    notices: list[Notice] = []
+    run, inputs = find_inputs(path, notices)
+    manifest = _manifest(run, notices) if run is not None else {}
+    metas = {i.rank: _meta(run, i.rank) for i in inputs} if run is not None else {}
+
+    summaries = _summarise_all([i for i in inputs if i.trace is not None], jobs, progress)
+    for i in inputs:
+        if i.trace is None:
+            notices.append(Notice("warning", f"rank {i.rank}: no profiler trace ({_why_no_trace(metas.get(i.rank))})"))
+        elif not i.trace_complete:
+            notices.append(Notice("warning", f"rank {i.rank}: the profiler window was cut short; partial trace used"))
+    for s in summaries.values():
+        if s.error:
+            notices.append(Notice("error", f"rank {s.rank}: trace unreadable: {s.error}"))
+
+    traces = {r: s.result for r, s in summaries.items() if s.result is not None}
+    matched = match({r: t.collectives for r, t in traces.items()})
+    ranks = [_rank_result(i, run, summaries.get(i.rank), metas.get(i.rank), matched.wait_by_rank_us) for i in inputs]
+    world = manifest.get("world_size") or max((m.get("world_size") or 0 for m in metas.values() if m), default=0) or len(inputs)
+    _self_checks(traces, matched, world, manifest, notices, run, inputs)
+
+    evidence = {
+        r.rank: RankEvidence(
+            rank=r.rank,
+            steps_in_window=r.steps_profiled,
+            wait_us=r.wait_us,
+            phases_us=r.phases_us,
+            step_records=rundir.read_steps(run, r.rank) if run is not None else [],
+        )
+        for r in ranks
+        if r.steps_profiled > 0 or run is not None
+    }
+    stragglers = find_stragglers(evidence)
+    offsets = clock_offsets(
+        {r: end_times(t.collectives, (summaries[r].base_time_ns or 0) / 1e3) for r, t in traces.items()}
+    )
+    if offsets and max(abs(v) for v in offsets.values()) > SKEW_WARN_US:
+        notices.append(Notice("warning", f"clocks differ by up to {max(abs(v) for v in offsets.values()) / 1e6:.1f} s between ranks; cross-rank timelines are aligned from collective end times"))
+    return Analysis(
+        run=_run_info(path, manifest, metas, inputs, world, offsets),
+        ranks=ranks,
+        collectives=matched.collectives,
+        stragglers=stragglers,
+        process_groups=process_groups(traces, matched.collectives, world),
+        notices=notices,
+    )
+
+
+def _summarise_all(inputs: list[RankInput], jobs: int | None, progress: Progress | None) -> dict[int, TraceSummary]:
+    out: dict[int, TraceSummary] = {}
+    total = len(inputs)
+    if progress:
+        progress(0, total)
+    workers = min(jobs or os.cpu_count() or 1, total)
+    if workers <= 1:
+        for n, i in enumerate(inputs, 1):
+            out[i.rank] = _summarise(i)
+            if progress:
+                progress(n, total)
+        return out
+    with ProcessPoolExecutor(max_workers=workers, max_tasks_per_child=8) as pool:
+        futures = {pool.submit(_summarise, i): i for i in inputs}
+        for n, fut in enumerate(as_completed(futures), 1):
+            i = futures[fut]
+            try:
+                out[i.rank] = fut.result()
+            except Exception as e:  # a worker that died (out of memory, killed)
+                out[i.rank] = TraceSummary(i.rank, None, None, None, None, f"{i.trace}: {type(e).__name__}: {e}")
+            if progress:
+                progress(n, total)
+    return out
+
+
+def _manifest(run: rundir.RunDir, notices: list[Notice]) -> dict[str, Any]:
+    try:
+        return rundir.read_manifest(run)
+    except rundir.RunDirError as e:
+        if "newer" in str(e):
+            raise UserError(str(e)) from None
+        notices.append(Notice("warning", f"no usable manifest ({e}); the run may still be going or was killed"))
+        return {}
+
+
+def _meta(run: rundir.RunDir | None, rank: int) -> dict[str, Any]:
+    if run is None:
+        return {}
+    try:
+        return rundir.read_meta(run, rank)
+    except rundir.RunDirError:
+        return {}
+
+
+def _why_no_trace(meta: dict[str, Any] | None) -> str:
+    prof = (meta or {}).get("profiler") or {}
+    return prof.get("reason") or prof.get("status") or "not recorded"
+
+
+def _rank_result(
+    inp: RankInput,
+    run: rundir.RunDir | None,
+    s: TraceSummary | None,
+    meta: dict[str, Any] | None,
+    waits: dict[int, float],
+) -> RankResult:
+    st = step_stats(rundir.iter_steps(run.steps(inp.rank))) if run is not None else None
+    step_time = StepTime(
+        p50=st.p50_us if st else None,
+        mean=st.mean_us if st else None,
+        max=st.max_us if st else None,
+        n=st.n if st else 0,
+        p90=st.p90_us if st else None,
+        steps_total=(st.last_step + 1) if st and st.last_step is not None else 0,
+        disturbed=st.disturbed if st else 0,
+    )
+    t = s.result if s else None
+    meta = meta or {}
+    zero_b = {k: 0.0 for k in ("compute", "comm_exposed", "comm_overlapped", "memcpy", "dataloader", "idle")}
+    zero_p = {k: 0.0 for k in ("dataloader", "forward", "backward", "optimizer", "other")}
+    n_steps = len(t.steps) if t else 0
+    return RankResult(
+        rank=inp.rank,
+        host=meta.get("host"),
+        steps_profiled=n_steps,
+        window_us=t.window_us if t else 0.0,
+        breakdown_us=dict(t.breakdown_us) if t else zero_b,
+        phases_us=dict(t.phases_us) if t else zero_p,
+        step_time_us=step_time,
+        gpu=s.gpu if s else None,
+        trace=str(inp.trace.name) if inp.trace else None,
+        trace_complete=inp.trace_complete and t is not None,
+        device_type=t.device_type if t else (meta.get("device") or {}).get("type"),
+        wait_us=waits.get(inp.rank, 0.0),
+        phases_per_step_us={k: v / n_steps for k, v in t.phases_us.items()} if t and n_steps else {},
+    )
+
+
+def _self_checks(
+    traces: dict[int, RankTrace],
+    matched: Any,
+    world: int,
+    manifest: dict[str, Any],
+    notices: list[Notice],
+    run: rundir.RunDir | None,
+    inputs: list[RankInput],
+) -> None:
+    if world > 1 and traces and not any(t.collectives for t in traces.values()):
+        notices.append(Notice("warning", f"a {world}-rank job with no communication in any trace: "
+                                         "is the model wrapped in DDP/FSDP, or were the collectives outside the window?"))
+    for r, t in sorted(traces.items()):
+        for n in t.notices:
+            notices.append(Notice("warning", f"rank {r}: {n}"))
+    if matched.mismatched:
+        notices.append(Notice("error", f"{matched.mismatched} collectives differ in type between ranks at the same position: "
+                                       "the ranks issue collectives in different orders (a hang risk)"))
+    if world and inputs:
+        missing = sorted(set(range(world)) - {i.rank for i in inputs})
+        if missing and len(missing) < world:
+            notices.append(Notice("warning", f"no data from rank(s) {_ranges(missing)} of {world}"))
+    for f in manifest.get("failed_ranks") or []:
+        notices.append(Notice("error", f"rank {f.get('rank')} failed at step {f.get('step')}: {f.get('reason')}"))
+
+
+def _ranges(xs: list[int]) -> str:
+    from pardiag.manifest import _ranges as ranges
+
+    return ranges(xs)
+
+
+def _run_info(
+    path: Path,
+    manifest: dict[str, Any],
+    metas: dict[int, dict[str, Any]],
+    inputs: list[RankInput],
+    world: int,
+    offsets: dict[int, float],
+) -> dict[str, Any]:
+    first = next((m for m in metas.values() if m), {})
+    return {
+        "path": str(path),
+        "world_size": world,
+        "ranks_analyzed": len(inputs),
+        "backend": manifest.get("backend") or first.get("backend"),
+        "device_type": manifest.get("device_type") or (first.get("device") or {}).get("type"),
+        "command": manifest.get("command"),
+        "launcher": manifest.get("launcher"),
+        "hosts": manifest.get("hosts") or sorted({m.get("host") for m in metas.values() if m.get("host")}),
+        "exit_code": manifest.get("exit_code"),
+        "versions": manifest.get("versions") or first.get("versions"),
+        "profiler": manifest.get("profiler"),
+        "clock_offsets_us": {str(r): v for r, v in sorted(offsets.items())},
+        "collectors": manifest.get("collectors"),
+    }

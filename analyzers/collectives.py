@@ -1,0 +1,142 @@
+"""Collectives matched across ranks: how long the transfer took and how long each
+rank waited for the others.
+
+Every rank issues the collectives of a process group in the same order, so the k-th
+collective of group G in step N is the same operation on every rank. Its transfer
+time is the shortest duration across ranks (the rank that arrived last waited least,
+and its duration is the data movement alone); each rank's wait is its duration minus
+that (as AMD TraceLens does before computing bandwidth).
+
+Bandwidth follows nccl-tests (doc/PERFORMANCE.md): algbw = bytes / transfer time,
+busbw = algbw x factor, with factor 2(n-1)/n for all-reduce, (n-1)/n for all-gather,
+reduce-scatter and all-to-all, 1 for broadcast, reduce and point-to-point.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from pardiag.analysis import Collective
+from pardiag.analyzers.rank_trace import CollectiveCall
+
+
+def bus_factor(op: str, n: int | None) -> float | None:
+    if not n or n < 1:
+        return None
+    op = op.replace("allreduce", "all_reduce").replace("allgather", "all_gather")
+    if "all_reduce" in op:
+        return 2 * (n - 1) / n
+    if any(k in op for k in ("all_gather", "reduce_scatter", "all_to_all", "alltoall")):
+        return (n - 1) / n
+    if any(k in op for k in ("broadcast", "reduce", "send", "recv")):
+        return 1.0
+    return None
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    collectives: list[Collective]
+    wait_by_rank_us: dict[int, float]
+    transfer_by_rank_us: dict[int, float]
+    unmatched: int  # collectives seen on only one rank
+    mismatched: int  # same position, different op: the ranks disagree on the order
+
+
+def _key(calls: Sequence[CollectiveCall]) -> list[tuple[str, int | None, int]]:
+    seen: dict[tuple[str, int | None], int] = defaultdict(int)
+    keys = []
+    for c in calls:
+        k = (c.process_group, c.step)
+        keys.append((c.process_group, c.step, seen[k]))
+        seen[k] += 1
+    return keys
+
+
+def match(per_rank: Mapping[int, Sequence[CollectiveCall]]) -> MatchResult:
+    instances: dict[tuple[str, int | None, int], dict[int, CollectiveCall]] = defaultdict(dict)
+    for rank, calls in per_rank.items():
+        for key, call in zip(_key(calls), calls):
+            instances[key][rank] = call
+
+    agg: dict[tuple[str, str], dict[str, float]] = {}
+    meta: dict[tuple[str, str], dict[str, object]] = {}
+    wait_by_rank: dict[int, float] = defaultdict(float)
+    transfer_by_rank: dict[int, float] = defaultdict(float)
+    wait_detail: dict[tuple[str, str], dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    unmatched = mismatched = 0
+    for key in sorted(instances, key=lambda k: (k[0], -1 if k[1] is None else k[1], k[2])):
+        by_rank = instances[key]
+        ops = {c.op for c in by_rank.values()}
+        if len(ops) > 1:
+            mismatched += 1
+            continue
+        if len(by_rank) < 2:
+            unmatched += 1
+        first = next(iter(by_rank.values()))
+        durs = {r: c.dur_us for r, c in by_rank.items()}
+        transfer = min(durs.values())
+        mean = sum(durs.values()) / len(durs)
+        ident = (first.op, first.process_group)
+        a = agg.setdefault(ident, {"calls": 0, "bytes": 0, "sized": 0, "total": 0.0, "transfer": 0.0, "sized_transfer": 0.0})
+        m = meta.setdefault(ident, {"group_size": first.group_size, "ranks": set()})
+        m["ranks"] |= set(by_rank)  # type: ignore[operator]
+        a["calls"] += 1
+        a["total"] += mean
+        a["transfer"] += transfer
+        size = next((c.bytes for c in by_rank.values() if c.bytes), None)
+        if size:
+            a["bytes"] += size
+            a["sized"] += 1
+            a["sized_transfer"] += transfer
+        for r, d in durs.items():
+            wait_by_rank[r] += d - transfer
+            transfer_by_rank[r] += transfer
+            wait_detail[ident][r] += d - transfer
+
+    out = []
+    for ident in sorted(agg, key=lambda i: -agg[i]["total"]):
+        a, m = agg[ident], meta[ident]
+        op, pg = ident
+        algbw = a["bytes"] / a["sized_transfer"] / 1e3 if a["sized_transfer"] > 0 and a["bytes"] else None
+        n = m["group_size"] if isinstance(m["group_size"], int) else len(m["ranks"])  # type: ignore[arg-type]
+        factor = bus_factor(op, n)
+        out.append(
+            Collective(
+                op=op,
+                process_group=pg,
+                calls=int(a["calls"]),
+                bytes=int(a["bytes"]),
+                total_us=a["total"],
+                transfer_us=a["transfer"],
+                wait_us=a["total"] - a["transfer"],
+                algbw_gbps=algbw,
+                busbw_gbps=algbw * factor if algbw is not None and factor is not None else None,
+                group_size=n,
+                ranks_matched=len(m["ranks"]),  # type: ignore[arg-type]
+                wait_by_rank_us={str(r): w for r, w in sorted(wait_detail[ident].items())},
+            )
+        )
+    return MatchResult(out, dict(wait_by_rank), dict(transfer_by_rank), unmatched, mismatched)
+
+
+def clock_offsets(per_rank_ends: Mapping[int, Sequence[tuple[tuple[str, int | None, int], float]]]) -> dict[int, float]:
+    """Offset of each rank's clock from the lowest rank's, from the end times of matched
+    collectives (they end together on every rank): the median of the differences."""
+    if not per_rank_ends:
+        return {}
+    ref_rank = min(per_rank_ends)
+    ref = dict(per_rank_ends[ref_rank])
+    out = {ref_rank: 0.0}
+    for r, ends in per_rank_ends.items():
+        if r == ref_rank:
+            continue
+        diffs = sorted(t - ref[k] for k, t in ends if k in ref)
+        if diffs:
+            out[r] = diffs[len(diffs) // 2]
+    return out
+
+
+def end_times(calls: Sequence[CollectiveCall], base_us: float = 0.0) -> list[tuple[tuple[str, int | None, int], float]]:
+    return [(k, base_us + c.start_us + c.dur_us) for k, c in zip(_key(calls), calls)]

@@ -1,0 +1,188 @@
+"""Per-rank GPU time breakdown with exactly HTA's scope and definitions.
+
+HTA 0.5 (``TraceAnalysis(trace_dir)`` then ``get_temporal_breakdown()`` and
+``get_comm_comp_overlap()``) computes, per rank:
+
+Scope (``hta/common/trace.py``, ``hta/common/trace_parser.py``):
+
+* Events without a ``dur`` or a ``cat``, and the ``Trace`` span, are dropped.
+* Nanosecond traces: when any ``ts`` is a JSON float (or missing), every event is
+  rounded inward to whole microseconds: ``ts = ceil(ts)``, ``end = floor(ts + dur)``,
+  ``dur = end - ts`` (a sub-microsecond kernel can get ``end < ts``; it is kept).
+* Times are shifted so that the earliest remaining event starts at 0.
+* With more than one distinct ``ProfilerStep#N`` name, the last step is dropped:
+  GPU events are those with ``stream >= 0`` and ``correlation >= 0`` (plus events
+  named ``Event Sync``/``Context Sync``); every other event counts as CPU. CPU events
+  are kept when they start before the last ``ProfilerStep`` starts, and a GPU event
+  is kept only if a kept CPU event carries its ``correlation`` id (its launch).
+* The breakdown then takes every kept event with ``stream != -1``: all kernels,
+  copies and memsets of all streams, not one training step.
+
+Definitions (``hta/analyzers/breakdown_analysis.py``, ``communication_analysis.py``,
+``hta/utils/utils.py: merge_kernel_intervals``), with intervals merged by
+sort + cumulative max (touching intervals merge):
+
+* ``kernel_time`` = end of the last merged interval - start of the first (span_us);
+* ``idle_time`` = kernel_time - length of the union of all events (idle_us);
+* ``compute_time`` = length of the union of COMPUTATION kernels (compute_us);
+* ``non_compute_time`` = kernel_time - compute_time - idle_time (non_compute_us):
+  communication and copies that do not run under compute;
+* ``comp_comm_overlap_ratio`` = time where the union of COMMUNICATION kernels and
+  the union of COMPUTATION kernels are both active (overlap_us) / length of the
+  union of COMMUNICATION kernels (comm_us).
+
+Kernel kinds come from ``pardiag.analyzers.kernels`` (HTA's rows, plus names of NCCL
+kernels HTA 0.5 misses, plus memcpy/memset categories); pass
+``rules=kernels.HTA_RULES, memory_by_category=False`` for HTA's table alone.
+pardiag adds memory_us (union of MEMORY events) and kernel_us (union of all events).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from pardiag.analyzers import intervals
+from pardiag.analyzers.kernels import RULES, KernelKind, KernelRule, event_kinds
+from pardiag.analyzers.trace import SYNC_EVENT_NAMES, Trace
+
+
+@dataclass(frozen=True)
+class GpuBreakdown:
+    """One rank's GPU time, microseconds, over every GPU event in HTA's scope."""
+
+    span_us: float  # first start to last end (HTA's kernel_time)
+    kernel_us: float  # at least one event running (span_us - idle_us)
+    idle_us: float  # no event running
+    compute_us: float  # union of computation kernels
+    comm_us: float  # union of communication kernels
+    overlap_us: float  # communication running under computation
+    memory_us: float  # union of memcpy/memset events
+    events: int  # GPU events in scope
+    events_dropped: int  # GPU events left out (last profiler step, no launch)
+
+    @property
+    def non_compute_us(self) -> float:
+        """HTA's non_compute_time: busy time with no computation kernel running."""
+        return self.span_us - self.compute_us - self.idle_us
+
+    @property
+    def overlap_ratio(self) -> float | None:
+        """HTA's comp_comm_overlap_ratio; None without communication."""
+        return self.overlap_us / self.comm_us if self.comm_us > 0 else None
+
+
+def _hta_scope(trace: Trace, start: npt.NDArray[np.int64],
+               include_last_step: bool) -> npt.NDArray[np.intp]:
+    """Rows of ``trace.gpu`` HTA keeps, in the order HTA holds them."""
+    g = trace.gpu
+    rows = np.arange(len(g))
+    step_names = {s.name for s in trace.steps}
+    if len(step_names) <= 1:
+        return rows
+    sync_ids = [i for i, n in enumerate(trace.names) if n in SYNC_EVENT_NAMES]
+    gpu_side = ((g.stream >= 0) & (g.correlation >= 0)) | np.isin(g.name_id, sync_ids)
+    cpu_steps = [s for s in trace.steps if not s.hta_gpu]
+    if not cpu_steps:
+        return rows[:0]
+    origin = _origin(trace)
+    step_start = np.array([s.ts_us for s in cpu_steps])
+    step_end = step_start + np.array([s.dur_us for s in cpu_steps])
+    if trace.ts_fractional:
+        step_start, step_end = np.ceil(step_start), np.floor(step_end)
+    # HTA compares shifted starts with the last step's end taken before the shift,
+    # so with the last step included every host event stays; mirrored here.
+    limit = float(step_end.max() if include_last_step else step_start.max() - origin)
+    launch_ts = _round_start(trace.launches.ts_us, trace) - origin
+    host_ts = _round_start(trace.cpu.ts_us, trace) - origin
+    kept_cpu_gpu_rows = rows[~gpu_side & _before(start, limit, include_last_step)]
+    correlations = np.concatenate([
+        trace.launches.correlation[_before(launch_ts, limit, include_last_step)],
+        g.correlation[kept_cpu_gpu_rows],
+        # HTA gives every host event without a correlation the correlation -1
+        np.full(int(np.any(_before(host_ts, limit, include_last_step))), -1, np.int64),
+    ])
+    kept_gpu_rows = rows[gpu_side & np.isin(g.correlation, correlations)]
+    return np.concatenate([kept_gpu_rows, kept_cpu_gpu_rows])
+
+
+def _before(t: npt.NDArray[np.int64], limit: float,
+            inclusive: bool) -> npt.NDArray[np.bool_]:
+    """HTA keeps host events starting before the last step (or, with the last
+    step included, not after its end)."""
+    return t <= limit if inclusive else t < limit
+
+
+def _round_start(ts: npt.NDArray[np.float64], trace: Trace) -> npt.NDArray[np.int64]:
+    return (np.ceil(ts) if trace.ts_fractional else ts).astype(np.int64)
+
+
+def _origin(trace: Trace) -> int:
+    return int(np.ceil(trace.min_ts_us) if trace.ts_fractional else trace.min_ts_us)
+
+
+def _aligned_times(trace: Trace) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """Start (int64) and end (float64) per GPU event, rounded and shifted like HTA."""
+    ts = trace.gpu.ts_us
+    dur = trace.gpu.dur_us
+    origin = _origin(trace)
+    if trace.ts_fractional:
+        start = np.ceil(ts).astype(np.int64)
+        dur = np.floor(ts + dur) - start
+    else:
+        start = ts.astype(np.int64)
+    start -= origin
+    return start, start + dur
+
+
+def _union_length(start: npt.NDArray[np.int64], end: npt.NDArray[np.float64]) -> float:
+    return intervals.total_length(start, end)
+
+
+def gpu_breakdown(trace: Trace, *, rules: Sequence[KernelRule] = RULES,
+                  memory_by_category: bool = True,
+                  include_last_step: bool = False) -> GpuBreakdown | None:
+    """GPU time breakdown of one rank's trace; None when no GPU event is in scope.
+
+    ``include_last_step`` mirrors HTA's ``include_last_profiler_step``.
+    """
+    g = trace.gpu
+    if len(g) == 0:
+        return None
+    start, end = _aligned_times(trace)
+    rows = _hta_scope(trace, start, include_last_step)
+    if rows.size == 0:
+        return None
+    kinds = event_kinds(g.name_id, g.cat_id, trace.names, trace.cats, rules,
+                        memory_by_category)
+    s, e, k = start[rows], end[rows], kinds[rows]
+
+    # temporal breakdown: HTA sorts the frame by start in place first
+    order = np.argsort(s, kind="quicksort")
+    all_s, all_e = intervals.union(s, e)
+    span = float(all_e[-1] - all_s[0])
+    busy = float(all_e.sum() - all_s.sum())
+    comp_sorted = order[k[order] == KernelKind.COMPUTATION]
+    compute = _union_length(s[comp_sorted], e[comp_sorted])
+
+    # overlap: HTA's comm analysis works on the frame in its original order
+    comp = k == KernelKind.COMPUTATION
+    comm = k == KernelKind.COMMUNICATION
+    comm_s, comm_e = intervals.union(s[comm], e[comm])
+    comm_len = float(np.sum(comm_e - comm_s))
+    overlap = intervals.intersection_length((comm_s, comm_e), (s[comp], e[comp]))
+    memory = k == KernelKind.MEMORY
+    return GpuBreakdown(
+        span_us=span,
+        kernel_us=busy,
+        idle_us=span - busy,
+        compute_us=compute,
+        comm_us=comm_len,
+        overlap_us=overlap,
+        memory_us=_union_length(s[memory], e[memory]),
+        events=int(rows.size),
+        events_dropped=int(len(g) - np.unique(rows).size),
+    )

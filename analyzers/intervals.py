@@ -1,0 +1,93 @@
+"""Vectorised interval arithmetic on numpy arrays (sort + cumulative-max merge).
+
+An interval set is a pair of equal-length arrays ``(starts, ends)``; the intervals
+may overlap and come in any order. Every function here works on whole arrays at once
+(no Python loop over intervals), so a million kernels cost milliseconds.
+
+The merge follows HTA's ``merge_kernel_intervals`` exactly, so that numbers computed
+here agree with HTA to the microsecond:
+
+* sort by start (numpy's default ``quicksort``, as pandas' ``sort_values`` uses);
+* an interval opens a new group when its start is *strictly* greater than the
+  largest end seen so far, so touching intervals (``[0, 5]`` and ``[5, 8]``) merge;
+* a group spans from its first start to the largest end inside it.
+
+Degenerate intervals (``end < start``, which HTA's nanosecond rounding produces for
+sub-microsecond kernels) are kept as they are, as HTA keeps them; callers that want
+them gone filter before calling.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+Array = npt.NDArray[np.generic]
+Intervals = tuple[Array, Array]
+
+
+def union(starts: npt.ArrayLike, ends: npt.ArrayLike) -> Intervals:
+    """Merge overlapping or touching intervals; the result is sorted by start.
+
+    >>> union([5, 0, 2], [8, 3, 4])
+    (array([0, 5]), array([4, 8]))
+    """
+    s = np.asarray(starts)
+    e = np.asarray(ends)
+    if s.shape != e.shape or s.ndim != 1:
+        raise ValueError("starts and ends must be 1-d arrays of the same length")
+    if s.size == 0:
+        return s.copy(), e.copy()
+    order = np.argsort(s, kind="quicksort")
+    s = s[order]
+    e = e[order]
+    running_end = np.maximum.accumulate(e)
+    opens = np.empty(s.size, dtype=bool)
+    opens[0] = True
+    np.greater(s[1:], running_end[:-1], out=opens[1:])
+    first = np.flatnonzero(opens)
+    return s[first], np.maximum.reduceat(e, first)
+
+
+def total_length(starts: npt.ArrayLike, ends: npt.ArrayLike) -> float:
+    """Length of the union of the intervals (time covered at least once).
+
+    Computed as ``sum(ends) - sum(starts)`` over the merged groups, like HTA.
+    """
+    us, ue = union(starts, ends)
+    if us.size == 0:
+        return 0.0
+    return float(ue.sum() - us.sum())
+
+
+def intersection_length(a: Intervals, b: Intervals) -> float:
+    """Time covered by both interval sets (each set is merged first).
+
+    A sweep over the merged boundaries: entering/leaving ``a`` adds ±1, entering/
+    leaving ``b`` adds ±2; time spent at level 3 is covered by both (HTA's
+    ``get_comm_comp_overlap``). The order of equal timestamps does not change the
+    result: only the level after the last of equal timestamps spans any time.
+    """
+    a_s, a_e = union(*a)
+    b_s, b_e = union(*b)
+    if a_s.size == 0 or b_s.size == 0:
+        return 0.0
+    times = np.concatenate([a_s, a_e, b_s, b_e])
+    steps = np.concatenate(
+        [
+            np.full(a_s.size, 1, dtype=np.int8),
+            np.full(a_e.size, -1, dtype=np.int8),
+            np.full(b_s.size, 2, dtype=np.int8),
+            np.full(b_e.size, -2, dtype=np.int8),
+        ]
+    )
+    order = np.argsort(times, kind="stable")
+    times = times[order]
+    level = np.cumsum(steps[order], dtype=np.int64)
+    both = level[:-1] == 3
+    return float(np.sum(times[1:][both] - times[:-1][both]))
+
+
+def subtract_length(a: Intervals, b: Intervals) -> float:
+    """Time covered by ``a`` and not by ``b``."""
+    return total_length(*a) - intersection_length(a, b)

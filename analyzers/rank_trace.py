@@ -1,0 +1,310 @@
+"""One rank's profiled window: where its time went, by category and by phase, and the
+collectives it took part in. Pure: a Trace in, a small picklable result out.
+
+Window: from the start of the first recorded `ProfilerStep#N` to the end of the last
+(host annotations on the thread that ran the training loop).
+
+`breakdown_us` (disjoint, sums to the window):
+- CPU / gloo runs: compute = operators (`cpu_op`) on the training threads (the loop's
+  thread and the autograd threads); comm = collective spans (`gloo:*`, `nccl:*`,
+  `c10d::*`, `record_param_comms`, on any thread); dataloader = DataLoader
+  `__next__` spans, which take precedence (collate work is input loading).
+- GPU runs: compute / comm / memory kernels classified by name; dataloader = time the
+  GPU is idle while the host waits on the DataLoader.
+- comm_overlapped = comm under compute; comm_exposed = comm not under compute;
+  memcpy = copies under neither; idle = the rest.
+
+`phases_us`: the same window cut by what the host was doing: dataloader > optimizer
+(`Optimizer.step#…`, `Optimizer.zero_grad#…`) > backward (autograd engine functions)
+> forward (other operators before the step's last backward op) > other (operators
+after it). A host gap inherits the phase before it: a thread blocked at the end of
+backward (waiting for DDP's all-reduce) is still in backward.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from pardiag.analyzers.intervals import Intervals
+from pardiag.analyzers.kernels import KernelKind, event_kinds
+from pardiag.analyzers.timeline import attribute, clip, coverage
+from pardiag.analyzers.trace import Trace
+
+STEP = re.compile(r"^ProfilerStep#(\d+)$")
+DATALOADER = re.compile(r"^enumerate\(DataLoader\)#")
+OPTIMIZER = re.compile(r"^Optimizer\.(step|zero_grad)#")
+BACKWARD = re.compile(r"^autograd::engine::evaluate_function")
+COMM = re.compile(r"^(gloo:|nccl:|ucc:|mpi:|xccl:|c10d::|record_param_comms)")
+
+PHASES = ("dataloader", "optimizer", "backward", "forward", "other")
+DTYPE_BYTES = {  # keys lower-case, without "c10::"
+    "float": 4, "float32": 4, "fp32": 4,
+    "double": 8, "float64": 8,
+    "half": 2, "float16": 2, "fp16": 2,
+    "bfloat16": 2, "bf16": 2,
+    "long int": 8, "long": 8, "int64": 8, "int": 4, "int32": 4,
+    "short": 2, "int16": 2, "signed char": 1, "unsigned char": 1, "char": 1,
+    "int8": 1, "uint8": 1, "byte": 1, "bool": 1,
+    "float8_e4m3fn": 1, "float8_e5m2": 1,
+}
+# NCCL kernel names carry the op: ncclDevKernel_AllReduce_Sum_f32_RING_LL
+_KERNEL_OP = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")
+
+
+@dataclass(frozen=True)
+class StepSpan:
+    step: int
+    start_us: float
+    end_us: float
+
+
+@dataclass(frozen=True)
+class CollectiveCall:
+    """One collective on one rank, in issue order."""
+
+    step: int | None
+    op: str
+    process_group: str
+    group_size: int | None
+    bytes: int | None
+    start_us: float
+    dur_us: float
+    on_gpu: bool
+
+
+@dataclass(frozen=True)
+class RankTrace:
+    rank: int | None
+    device_type: str  # "cpu" or "cuda"
+    steps: tuple[StepSpan, ...]
+    window_us: float
+    breakdown_us: dict[str, float]
+    phases_us: dict[str, float]
+    phases_per_step_us: dict[int, dict[str, float]]
+    collectives: tuple[CollectiveCall, ...]
+    threads: dict[str, int] = field(default_factory=dict)
+    notices: tuple[str, ...] = ()
+    pg_config: tuple[dict[str, Any], ...] = ()
+
+
+def profiled_steps(trace: Trace) -> tuple[tuple[StepSpan, ...], int | None]:
+    """Recorded steps (host annotations) and the thread of the training loop."""
+    cpu = trace.cpu
+    names = trace.names
+    step_ids = [i for i, n in enumerate(names) if STEP.match(n)]
+    if not step_ids or len(cpu) == 0:
+        return (), None
+    sel = np.flatnonzero(np.isin(cpu.name_id, step_ids))
+    if sel.size == 0:
+        return (), None
+    tids, counts = np.unique(cpu.tid[sel], return_counts=True)
+    main_tid = int(tids[np.argmax(counts)])
+    spans: dict[int, StepSpan] = {}
+    for i in sel[cpu.tid[sel] == main_tid]:
+        num = int(STEP.match(names[cpu.name_id[i]]).group(1))  # type: ignore[union-attr]
+        s, d = float(cpu.ts_us[i]), float(cpu.dur_us[i])
+        if num not in spans or d > spans[num].end_us - spans[num].start_us:
+            spans[num] = StepSpan(num, s, s + d)
+    return tuple(spans[k] for k in sorted(spans)), main_tid
+
+
+def _ids(names: tuple[str, ...], pattern: re.Pattern[str]) -> npt.NDArray[np.int64]:
+    return np.array([i for i, n in enumerate(names) if pattern.match(n)], dtype=np.int64)
+
+
+def _select(trace: Trace, mask: npt.NDArray[np.bool_]) -> Intervals:
+    return trace.cpu.ts_us[mask], trace.cpu.ts_us[mask] + trace.cpu.dur_us[mask]
+
+
+def analyze_rank_trace(trace: Trace) -> RankTrace:
+    steps, main_tid = profiled_steps(trace)
+    notices: list[str] = []
+    if not steps:
+        notices.append("no ProfilerStep in the trace: the window is the whole trace")
+        lo = float(trace.min_ts_us) if math.isfinite(trace.min_ts_us) else 0.0
+        ends = [trace.cpu.ts_us + trace.cpu.dur_us, trace.gpu.ts_us + trace.gpu.dur_us]
+        hi = max((float(e.max()) for e in ends if e.size), default=lo)
+        window = (lo, hi)
+    else:
+        window = (steps[0].start_us, steps[-1].end_us)
+
+    cpu = trace.cpu
+    names = trace.names
+    cat_cpu_op = [i for i, c in enumerate(trace.cats) if c == "cpu_op"]
+    is_op = np.isin(cpu.cat_id, cat_cpu_op)
+    is_comm = np.isin(cpu.name_id, _ids(names, COMM))
+    is_dl = np.isin(cpu.name_id, _ids(names, DATALOADER))
+    is_opt = np.isin(cpu.name_id, _ids(names, OPTIMIZER))
+    is_bwd = np.isin(cpu.name_id, _ids(names, BACKWARD))
+    bwd_tids = set(np.unique(cpu.tid[is_bwd]).tolist())
+    train_tids = bwd_tids | ({main_tid} if main_tid is not None else set())
+    on_train = np.isin(cpu.tid, list(train_tids)) if train_tids else np.ones(len(cpu), dtype=bool)
+
+    dl = _select(trace, is_dl & on_train)
+    comm_host = _select(trace, is_comm)
+    compute_host = _select(trace, is_op & on_train & ~is_comm)
+
+    use_gpu = len(trace.gpu) > 0
+    if use_gpu:
+        kinds = event_kinds(trace.gpu.name_id, trace.gpu.cat_id, names, trace.cats)
+        g_s, g_e = trace.gpu.ts_us, trace.gpu.ts_us + trace.gpu.dur_us
+        comp = (g_s[kinds == KernelKind.COMPUTATION], g_e[kinds == KernelKind.COMPUTATION])
+        comm = (g_s[kinds == KernelKind.COMMUNICATION], g_e[kinds == KernelKind.COMMUNICATION])
+        mem = (g_s[kinds == KernelKind.MEMORY], g_e[kinds == KernelKind.MEMORY])
+        breakdown = _breakdown(window, comp, comm, mem, dl, dataloader_first=False)
+    else:
+        empty = (np.empty(0), np.empty(0))
+        breakdown = _breakdown(window, compute_host, comm_host, empty, dl, dataloader_first=True)
+
+    phases_per_step = {}
+    layers_base = (dl, _select(trace, is_opt & on_train), _select(trace, is_bwd))
+    op_mask = is_op & on_train & ~is_dl
+    spans = steps or (StepSpan(-1, *window),)
+    for i, sp in enumerate(spans):
+        # steps tile the window: a step lasts until the next one starts
+        end = spans[i + 1].start_us if i + 1 < len(spans) else sp.end_us
+        phases_per_step[sp.step] = _phases((sp.start_us, end), layers_base, trace, op_mask, is_bwd)
+    phases = {p: sum(d[p] for d in phases_per_step.values()) for p in PHASES}
+
+    return RankTrace(
+        rank=trace.rank,
+        device_type="cuda" if use_gpu else "cpu",
+        steps=steps,
+        window_us=window[1] - window[0],
+        breakdown_us=breakdown,
+        phases_us=phases,
+        phases_per_step_us={k: v for k, v in phases_per_step.items() if k >= 0},
+        collectives=tuple(collective_calls(trace, steps)),
+        threads={"main": main_tid if main_tid is not None else -1, "backward": len(bwd_tids)},
+        notices=tuple(notices),
+        pg_config=tuple(
+            {"name": p.name, "desc": p.desc, "size": p.size, "ranks": list(p.ranks)}
+            for p in (trace.distributed.pg_config if trace.distributed else ())
+        ),
+    )
+
+
+def _breakdown(
+    window: tuple[float, float],
+    compute: Intervals,
+    comm: Intervals,
+    memory: Intervals,
+    dataloader: Intervals,
+    dataloader_first: bool,
+) -> dict[str, float]:
+    length, cov = coverage(window, [compute, comm, memory, dataloader])
+    if length.size == 0:
+        return {k: 0.0 for k in ("compute", "comm_exposed", "comm_overlapped", "memcpy", "dataloader", "idle")}
+    c, m, mem, d = cov
+    busy = c | m | mem
+    dl = d if dataloader_first else d & ~busy
+    rest = ~dl
+
+    def total(mask: npt.NDArray[np.bool_]) -> float:
+        return float(length[mask].sum())
+
+    return {
+        "compute": total(c & ~m & rest),
+        "comm_overlapped": total(c & m & rest),
+        "comm_exposed": total(m & ~c & rest),
+        "memcpy": total(mem & ~c & ~m & rest),
+        "dataloader": total(dl),
+        "idle": total(~busy & ~dl),
+    }
+
+
+def _phases(
+    window: tuple[float, float],
+    base: tuple[Intervals, Intervals, Intervals],
+    trace: Trace,
+    op_mask: npt.NDArray[np.bool_],
+    is_bwd: npt.NDArray[np.bool_],
+) -> dict[str, float]:
+    dl, opt, bwd = base
+    bwd_in = clip(bwd, *window)
+    last_bwd_end = float(bwd_in[1].max()) if bwd_in[1].size else window[0]
+    starts = trace.cpu.ts_us
+    ops = op_mask & ~is_bwd
+    fwd = ops & (starts < last_bwd_end)
+    other = ops & (starts >= last_bwd_end)
+    layers = [dl, opt, bwd, _select(trace, fwd), _select(trace, other)]
+    times, gap = attribute(window, layers, fill_gaps=True)
+    out = dict(zip(PHASES, times))
+    out["other"] += gap  # a gap before any activity in the step
+    return out
+
+
+def _dtype_bytes(dtype: Any) -> int | None:
+    if isinstance(dtype, list):
+        dtype = dtype[0] if dtype else None
+    if not isinstance(dtype, str):
+        return None
+    return DTYPE_BYTES.get(dtype.replace("c10::", "").strip().lower())
+
+
+def _numel(dims: Any) -> int | None:
+    if isinstance(dims, list) and dims and isinstance(dims[0], list):
+        dims = dims[0]
+    if isinstance(dims, list) and all(isinstance(x, int) for x in dims):
+        return int(np.prod(dims)) if dims else 1
+    return None
+
+
+def _op_name(ev: Any) -> str:
+    if ev.collective_name:
+        return str(ev.collective_name).lower().replace("_base", "").replace("allreduce", "all_reduce")
+    name = ev.name
+    for prefix in ("gloo:", "nccl:", "ucc:", "mpi:", "xccl:"):
+        if name.startswith(prefix):
+            return name[len(prefix):].lower()
+    m = _KERNEL_OP.search(name)
+    if m:
+        return re.sub(r"(?<!^)(?=[A-Z])", "_", m.group(1)).lower()
+    return name
+
+
+def collective_calls(trace: Trace, steps: tuple[StepSpan, ...]) -> list[CollectiveCall]:
+    """Collectives in issue order. On GPU runs the NCCL kernels are the collectives
+    (their duration is the device time); on CPU runs the `gloo:*` spans."""
+    evs = list(trace.collectives)
+    gpu = [e for e in evs if e.on_gpu]
+    chosen = gpu if gpu else [e for e in evs if not e.on_gpu and not e.name.startswith(("record_param_comms", "c10d::"))]
+    if not chosen:
+        chosen = [e for e in evs if e.name.startswith("record_param_comms") and e.collective_name]
+    pgs = trace.distributed.pg_config if trace.distributed else ()
+    default_pg = pgs[0] if len(pgs) == 1 else None
+    starts = np.array([s.start_us for s in steps])
+    out = []
+    for e in sorted(chosen, key=lambda e: e.ts_us):
+        step = None
+        if steps:
+            i = int(np.searchsorted(starts, e.ts_us, side="right")) - 1
+            if i >= 0 and e.ts_us <= steps[i].end_us + (steps[i].end_us - steps[i].start_us):
+                step = steps[i].step
+        size = _dtype_bytes(e.dtype) or _dtype_bytes(e.input_type)
+        n = max(e.in_msg_nelems or 0, e.out_msg_nelems or 0) or _numel(e.input_dims)
+        op = _op_name(e)
+        group = e.group_size or (default_pg.size if default_pg else None)
+        if not e.out_msg_nelems and n and op in ("all_gather", "allgather", "_allgather") and group:
+            n *= group  # gloo records the input shard; the message is the gathered size
+        pg = e.pg_name or (default_pg.name if default_pg else "?")
+        pg_desc = e.pg_desc or (default_pg.desc if default_pg else "")
+        out.append(
+            CollectiveCall(
+                step=step,
+                op=op,
+                process_group=f"{pg}:{pg_desc}" if pg_desc else str(pg),
+                group_size=group,
+                bytes=n * size if n and size else None,
+                start_us=e.ts_us,
+                dur_us=e.dur_us,
+                on_gpu=e.on_gpu,
+            )
+        )
+    return out

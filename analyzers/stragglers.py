@@ -1,0 +1,142 @@
+"""The rank(s) that hold the others back, by how much, and why.
+
+In a synchronous job every rank waits at each collective for the last one to
+arrive. The straggler is the rank that waits least while the others wait a lot; the
+time the others lose per step is its excess. Its cause is the phase in which it
+spends more than the other ranks (input loading, forward, backward compute,
+optimizer, or host work outside those), compared per step.
+
+Two sources, the stronger first:
+- the profiled window: waits measured on matched collectives and phases cut from the
+  trace;
+- every step from steps.jsonl: the host time inside backward includes DDP's wait for
+  the all-reduce, so a straggler shows as the rank with the shortest backward in most
+  steps, and its extra DataLoader / forward / optimizer time is measured directly.
+
+The excess reported is the straggler's extra work per step (the sum of its phases'
+excess over the other ranks' medians), at least the others' extra waiting.
+
+Thresholds: a straggler must cost the others at least 5% of the median step time and
+at least 1 ms per step, and (where steps.jsonl has at least 5 steps) wait least in at
+least 75% of the steps. Below that, differences between ranks are noise.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from pardiag.analysis import Straggler
+
+MIN_SHARE = 0.05
+MIN_US = 1000.0
+MIN_CONSISTENCY = 0.75
+CAUSE_NAMES = {
+    "dataloader": "dataloader",
+    "forward": "forward",
+    "backward": "backward",
+    "optimizer": "optimizer",
+    "other": "host overhead",
+}
+
+
+@dataclass(frozen=True)
+class RankEvidence:
+    rank: int
+    steps_in_window: int
+    wait_us: float  # in the window, inside collectives
+    phases_us: Mapping[str, float]  # in the window
+    step_records: Sequence[Mapping[str, Any]]  # steps.jsonl
+
+
+def _median(xs: Sequence[float]) -> float:
+    return float(statistics.median(xs)) if xs else 0.0
+
+
+def _per_step(ev: RankEvidence) -> dict[str, float]:
+    n = max(ev.steps_in_window, 1)
+    out = {k: v / n for k, v in ev.phases_us.items()}
+    # what backward did besides waiting for the others
+    out["backward"] = max(out.get("backward", 0.0) - ev.wait_us / n, 0.0)
+    return out
+
+
+def _host_medians(ev: RankEvidence) -> dict[str, float]:
+    recs = [r for r in ev.step_records if r.get("step", 0) >= 1 and not r.get("profiler")]
+    return {
+        key: _median([float(r.get(f) or 0.0) for r in recs])
+        for key, f in (("dataloader", "data_us"), ("forward", "fwd_us"), ("optimizer", "opt_us"), ("backward_host", "bwd_us"), ("step", "dur_us"))
+    }
+
+
+def _consistency(candidate: int, evidence: Mapping[int, RankEvidence]) -> float | None:
+    """Share of steps in which the candidate's host backward time (which contains its
+    wait) is below every other rank's."""
+    by_step: dict[int, dict[int, float]] = {}
+    for r, ev in evidence.items():
+        for rec in ev.step_records:
+            if rec.get("step", 0) >= 1 and isinstance(rec.get("bwd_us"), (int, float)):
+                by_step.setdefault(rec["step"], {})[r] = float(rec["bwd_us"])
+    full = [d for d in by_step.values() if len(d) == len(evidence)]
+    if len(full) < 5:
+        return None
+    wins = sum(1 for d in full if d[candidate] <= min(v for r, v in d.items() if r != candidate))
+    return wins / len(full)
+
+
+def find_stragglers(evidence: Mapping[int, RankEvidence]) -> list[Straggler]:
+    if len(evidence) < 2:
+        return []
+    have_window = all(ev.steps_in_window > 0 for ev in evidence.values())
+    step_medians = [_host_medians(ev)["step"] for ev in evidence.values()]
+    step_us = _median([s for s in step_medians if s > 0])
+    if have_window:
+        # Waiting inside collectives only: gaps between operators ("idle") on a CPU
+        # rank are also Python time, so they do not tell waiting from working.
+        waits = {r: ev.wait_us / ev.steps_in_window for r, ev in evidence.items()}
+        candidate = min(waits, key=lambda r: waits[r])
+        others = [w for r, w in waits.items() if r != candidate]
+        excess = _median(others) - waits[candidate]
+        source = "profiled window"
+    else:
+        host = {r: _host_medians(ev) for r, ev in evidence.items()}
+        bwd = {r: h["backward_host"] for r, h in host.items()}
+        candidate = min(bwd, key=lambda r: bwd[r])
+        excess = _median([b for r, b in bwd.items() if r != candidate]) - bwd[candidate]
+        source = "steps.jsonl"
+    if step_us <= 0 or excess < max(MIN_US, MIN_SHARE * step_us):
+        return []
+    consistency = _consistency(candidate, evidence)
+    if consistency is not None and consistency < MIN_CONSISTENCY:
+        return []
+    cause, deltas = _cause(candidate, evidence, have_window)
+    extra_work = sum(d for d in deltas.values() if d > 0)
+    evidence_lines = [
+        f"the other ranks wait {excess / 1000:.1f} ms per step more than rank {candidate} "
+        f"({excess / step_us:.0%} of the {step_us / 1000:.1f} ms median step; from the {source})",
+    ]
+    excess = max(excess, extra_work)
+    if consistency is not None:
+        evidence_lines.append(f"rank {candidate} waits least in {consistency:.0%} of all steps")
+    for phase, d in sorted(deltas.items(), key=lambda kv: -kv[1])[:3]:
+        if d > 0:
+            evidence_lines.append(f"{CAUSE_NAMES.get(phase, phase)}: +{d / 1000:.1f} ms per step vs the median of the other ranks")
+    return [Straggler(rank=candidate, excess_us_per_step=excess, cause=cause, evidence=evidence_lines)]
+
+
+def _cause(candidate: int, evidence: Mapping[int, RankEvidence], have_window: bool) -> tuple[str, dict[str, float]]:
+    if have_window:
+        per = {r: _per_step(ev) for r, ev in evidence.items()}
+        keys = ("dataloader", "forward", "backward", "optimizer", "other")
+    else:
+        per = {r: _host_medians(ev) for r, ev in evidence.items()}
+        keys = ("dataloader", "forward", "optimizer")
+    deltas = {}
+    for k in keys:
+        others = [p.get(k, 0.0) for r, p in per.items() if r != candidate]
+        deltas[k] = per[candidate].get(k, 0.0) - _median(others)
+    best = max(deltas, key=lambda k: deltas[k])
+    if deltas[best] <= 0:
+        return "unknown", deltas
+    return CAUSE_NAMES[best], deltas

@@ -1,0 +1,774 @@
+"""Load a Kineto (torch.profiler) trace into numpy columns, fast and in bounded memory.
+
+A Kineto trace is one JSON object: a few metadata keys (``distributedInfo``,
+``deviceProperties``, ``baseTimeNanoseconds``, ...) around a ``traceEvents`` list that
+holds nearly all of the bytes. ``load_trace`` reads it in blocks (16 MB by default):
+
+* it finds ``"traceEvents": [`` in the first block and decodes the header before it;
+* it cuts each block after the last event separator (``},`` + whitespace + ``{`` as
+  the file writes it, learnt from the first block) and decodes the events before
+  the cut as one JSON array, keeping the rest for the next block;
+* after the last block, the remainder (last events, ``]`` and the trailing metadata)
+  is decoded as ``{"traceEvents": [`` + remainder.
+
+Decoding uses msgspec typed Structs that name only the fields pardiag reads; other
+keys (``Call stack``, ``grid``, ...) are skipped in C without building objects. The
+cyclic garbage collector is off while decoding (it costs 3x on millions of small
+objects). Each block's events become numpy columns before the next block is read, so
+memory stays at a few blocks plus the columns. When the layout is not the usual one
+(no ``traceEvents`` near the start, no separator, a cut that does not decode), the
+whole document is decoded at once instead.
+
+Known malformations are tolerated: integers beyond int64 (e.g. ``Comms Id``) are
+skipped or decoded as Python ints and mapped to -1 in int64 columns; invalid UTF-8 is
+replaced (U+FFFD). A truncated, empty or non-trace file raises ``TraceError`` with a
+one-line message, never another exception.
+"""
+
+from __future__ import annotations
+
+import gc
+import gzip
+import json
+import re
+import zlib
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Iterator, Sequence
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+BLOCK_BYTES = 16 << 20
+"""Bytes read per block."""
+
+_HEAD_LIMIT = 64 << 20  # give up on block-wise reading past this without a cut
+_RANK_HEAD_BYTES = 256 << 10
+_GZIP_MAGIC = b"\x1f\x8b"
+_KEY = b'"traceEvents"'
+_ARRAY_OPEN = re.compile(rb"\s*:\s*\[")
+_SEPARATOR = re.compile(rb"\}\s*,\s*\{")
+_MAX_CUT_RETRIES = 16
+
+CPU_OP_CATEGORIES: frozenset[str] = frozenset({"cpu_op", "user_annotation"})
+SYNC_EVENT_NAMES: frozenset[str] = frozenset({"Event Sync", "Context Sync"})
+_COMM_ANNOTATION_PREFIXES = ("nccl:", "gloo:", "ucc:", "mpi:", "xccl:")
+_STEP, _SYNC, _COMM = 1, 2, 4  # name flags
+
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+
+
+class TraceError(Exception):
+    """The file is not a readable Kineto trace; the message is one line."""
+
+
+# --------------------------------------------------------------------------- schema
+_NO_RAW = msgspec.Raw()
+
+
+class _Args(msgspec.Struct, gc=False):
+    stream: Any = None
+    correlation: Any = None
+    external_id: Any = msgspec.field(default=None, name="External id")
+    device: Any = None
+    collective_name: Any = msgspec.field(default=None, name="Collective name")
+    in_msg_nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    out_msg_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
+    dtype: Any = None
+    group_size: Any = msgspec.field(default=None, name="Group size")
+    pg_name: Any = msgspec.field(default=None, name="Process Group Name")
+    pg_desc: Any = msgspec.field(default=None, name="Process Group Description")
+    pg_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
+    input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
+
+
+class _Event(msgspec.Struct, gc=False):
+    cat: str | None = None
+    name: str | None = None
+    pid: Any = None
+    tid: Any = None
+    ts: int | float | None = None
+    dur: int | float | None = None
+    args: _Args | None = None
+
+
+class _Doc(msgspec.Struct):
+    traceEvents: list[_Event] | None = None
+    distributedInfo: Any = None
+    deviceProperties: Any = None
+    baseTimeNanoseconds: Any = None
+
+
+_EVENTS = msgspec.json.Decoder(list[_Event])
+_DOC = msgspec.json.Decoder(_Doc)
+
+
+# --------------------------------------------------------------------------- results
+@dataclass(frozen=True)
+class ProcessGroupConfig:
+    name: str
+    desc: str
+    backend_config: str
+    size: int | None
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DistributedInfo:
+    rank: int | None
+    world_size: int | None
+    backend: str | None
+    nccl_version: str | None
+    pg_config: tuple[ProcessGroupConfig, ...]
+
+
+@dataclass(frozen=True)
+class GpuEvents:
+    """Events on a GPU stream: every event whose ``args.stream`` reads as an integer
+    other than -1 (kernels, ``gpu_memcpy``, ``gpu_memset``, ...), in file order."""
+
+    name_id: npt.NDArray[np.int32]
+    cat_id: npt.NDArray[np.int32]
+    stream: I64
+    device: I64
+    correlation: I64  # -1 when absent
+    external_id: I64  # -1 when absent
+    ts_us: F64
+    dur_us: F64
+
+    def __len__(self) -> int:
+        return int(self.ts_us.size)
+
+
+@dataclass(frozen=True)
+class CpuOps:
+    """Host-side ranges (``cpu_op``, ``user_annotation``, optionally
+    ``python_function``), in file order."""
+
+    name_id: npt.NDArray[np.int32]
+    cat_id: npt.NDArray[np.int32]
+    pid: I64
+    tid: I64  # -1 when not an integer
+    ts_us: F64
+    dur_us: F64
+    external_id: I64
+
+    def __len__(self) -> int:
+        return int(self.ts_us.size)
+
+
+@dataclass(frozen=True)
+class Launches:
+    """Host events that carry a ``correlation`` id to GPU work (``cuda_runtime``,
+    ``cuda_driver``, ...), excluding device-wide sync events, in file order."""
+
+    name_id: npt.NDArray[np.int32]
+    tid: I64
+    ts_us: F64
+    dur_us: F64
+    correlation: I64
+
+    def __len__(self) -> int:
+        return int(self.ts_us.size)
+
+
+@dataclass(frozen=True)
+class StepMark:
+    """An event whose name contains ``ProfilerStep`` (CPU or GPU annotation)."""
+
+    name: str
+    cat: str
+    ts_us: float
+    dur_us: float
+    hta_gpu: bool  # on a stream (>= 0) with a correlation (>= 0): HTA calls it GPU
+
+
+@dataclass(frozen=True)
+class CollectiveEvent:
+    """A collective as the trace records it: ``record_param_comms`` ops and NCCL
+    kernels with ``Collective name`` args, and ``nccl:*``/``gloo:*`` annotations."""
+
+    name: str
+    cat: str
+    on_gpu: bool
+    ts_us: float
+    dur_us: float
+    tid: int  # host thread, or the stream for GPU events
+    correlation: int
+    external_id: int
+    collective_name: str | None
+    in_msg_nelems: int | None
+    out_msg_nelems: int | None
+    dtype: str | None
+    group_size: int | None
+    pg_name: str | None
+    pg_desc: str | None
+    pg_ranks: tuple[int, ...] | None
+    input_dims: Any
+    input_type: Any
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One rank's trace as columns. Times are the file's microseconds."""
+
+    path: str
+    distributed: DistributedInfo | None
+    device_properties: tuple[dict[str, Any], ...]
+    base_time_ns: int | None
+    names: tuple[str, ...]  # name_id -> name
+    cats: tuple[str, ...]  # cat_id -> category
+    gpu: GpuEvents
+    cpu: CpuOps
+    launches: Launches
+    steps: tuple[StepMark, ...]
+    collectives: tuple[CollectiveEvent, ...]
+    n_events: int
+    ts_fractional: bool
+    """True when some ``ts`` is a JSON float or missing: HTA then rounds every event
+    inward to whole microseconds (start up, end down)."""
+    min_ts_us: float
+    """Earliest start among events with a category and a duration (HTA's origin)."""
+
+    @property
+    def rank(self) -> int | None:
+        return self.distributed.rank if self.distributed else None
+
+
+# --------------------------------------------------------------------------- scalars
+def _as_int(v: Any, default: int = -1) -> int:
+    """Integer value of a JSON scalar, ``default`` when it is not one or overflows."""
+    if type(v) is int:
+        return v if -(1 << 63) <= v < (1 << 63) else default
+    try:
+        i = int(v)
+    except (TypeError, ValueError, OverflowError):
+        return default
+    return i if -(1 << 63) <= i < (1 << 63) else default
+
+
+def _as_opt_int(v: Any) -> int | None:
+    return None if v is None else _as_int(v, default=-1)
+
+
+def _stream_of(v: Any) -> int:
+    """HTA's ``normalize_gpu_stream_numbers``: ``int(value)``, -1 when impossible."""
+    return v if type(v) is int else _as_int(v)
+
+
+def _int_column(values: Sequence[Any]) -> I64:
+    try:
+        return np.fromiter(values, dtype=np.int64, count=len(values))
+    except (OverflowError, TypeError, ValueError):
+        return np.array([_as_int(v) for v in values], dtype=np.int64)
+
+
+def _float_column(values: Sequence[Any]) -> F64:
+    try:
+        return np.fromiter(values, dtype=np.float64, count=len(values))
+    except (OverflowError, TypeError, ValueError):
+        return np.array([float(v) if isinstance(v, (int, float)) else np.nan
+                         for v in values], dtype=np.float64)
+
+
+def _pg_ranks(v: Any) -> tuple[int, ...] | None:
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except ValueError:
+            return None
+    if isinstance(v, list) and all(isinstance(r, int) for r in v):
+        return tuple(v)
+    return None
+
+
+def _raw_value(raw: msgspec.Raw) -> Any:
+    if not len(raw):
+        return None
+    try:
+        return msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return None
+
+
+# --------------------------------------------------------------------------- extraction
+class _Columns:
+    """Per-block column lists of one table, turned into numpy chunks per block."""
+
+    def __init__(self, ints: int, floats: int) -> None:
+        self.ints = ints
+        self.floats = floats
+        self.lists: list[list[Any]] = [[] for _ in range(ints + floats)]
+        self.chunks: list[list[npt.NDArray[Any]]] = []
+
+    def appenders(self) -> list[Any]:
+        """Bound ``append`` of each column list, for the hot loop."""
+        return [col.append for col in self.lists]
+
+    def append(self, *row: Any) -> None:
+        for col, value in zip(self.lists, row):
+            col.append(value)
+
+    def flush(self) -> None:
+        if not self.lists[0]:
+            return
+        arrays = [_int_column(c) for c in self.lists[: self.ints]]
+        arrays += [_float_column(c) for c in self.lists[self.ints:]]
+        for col in self.lists:
+            col.clear()
+        self.chunks.append(arrays)
+
+    def arrays(self) -> list[npt.NDArray[Any]]:
+        self.flush()
+        if not self.chunks:
+            return ([np.empty(0, np.int64)] * self.ints
+                    + [np.empty(0, np.float64)] * self.floats)
+        return [np.concatenate([c[i] for c in self.chunks])
+                for i in range(self.ints + self.floats)]
+
+
+class _Extractor:
+    """Turns decoded events into columns, one block at a time."""
+
+    def __init__(self, python_functions: bool) -> None:
+        self.cpu_cats = CPU_OP_CATEGORIES | ({"python_function"} if python_functions else set())
+        self.names: list[str] = []
+        self.name_ids: dict[str | None, int] = {}
+        self.name_flags: list[int] = []  # _STEP | _SYNC | _COMM bits per name id
+        self.cat_ids: dict[str, int] = {}
+        # name, cat, stream, device, correlation, external id | ts, dur
+        self.gpu = _Columns(ints=6, floats=2)
+        # name, cat, pid, tid, external id | ts, dur
+        self.cpu = _Columns(ints=5, floats=2)
+        # name, tid, correlation | ts, dur
+        self.launches = _Columns(ints=3, floats=2)
+        self.steps: list[StepMark] = []
+        self.collectives: list[CollectiveEvent] = []
+        self.n_events = 0
+        self.ts_fractional = False
+        self.min_ts: float = float("inf")
+        self.meta: dict[str, Any] = {}
+
+    def _name_id(self, name: str | None) -> int:
+        nid = self.name_ids[name] = len(self.names)
+        text = name or ""
+        self.names.append(text)
+        self.name_flags.append(
+            (_STEP if "ProfilerStep" in text else 0)
+            | (_SYNC if text in SYNC_EVENT_NAMES else 0)
+            | (_COMM if text.startswith(_COMM_ANNOTATION_PREFIXES) else 0))
+        return nid
+
+    def _cat_id(self, cat: str) -> int:
+        cid = self.cat_ids[cat] = len(self.cat_ids)
+        return cid
+
+    def add_meta(self, doc: _Doc) -> None:
+        for key in ("distributedInfo", "deviceProperties", "baseTimeNanoseconds"):
+            value = getattr(doc, key)
+            if value is not None and key not in self.meta:
+                self.meta[key] = value
+
+    def add(self, events: list[_Event]) -> None:  # noqa: C901 - the hot loop, kept flat
+        """Sort one block's events into the tables (HTA keeps events with a ``dur``
+        and a ``cat``, except the ``Trace`` span)."""
+        self.n_events += len(events)
+        if not self.ts_fractional:
+            self.ts_fractional = any(type(e.ts) is not int for e in events)
+        g_name, g_cat, g_stream, g_dev, g_corr, g_ext, g_ts, g_dur = self.gpu.appenders()
+        c_name, c_cat, c_pid, c_tid, c_ext, c_ts, c_dur = self.cpu.appenders()
+        l_name, l_tid, l_corr, l_ts, l_dur = self.launches.appenders()
+        cpu_cats = self.cpu_cats
+        name_ids = self.name_ids
+        flags = self.name_flags
+        cat_ids = self.cat_ids
+        min_ts = self.min_ts
+        for e in events:
+            dur = e.dur
+            if dur is None:
+                continue
+            cat = e.cat
+            cid = cat_ids.get(cat)  # type: ignore[arg-type]
+            if cid is None:
+                if cat is None or cat == "Trace":
+                    continue
+                cid = self._cat_id(cat)
+            ts = e.ts
+            if ts is None:
+                continue
+            if ts < min_ts:
+                min_ts = ts
+            nid = name_ids.get(e.name)
+            if nid is None:
+                nid = self._name_id(e.name)
+            a = e.args
+            if a is not None and a.stream is not None:
+                stream = a.stream if type(a.stream) is int else _as_int(a.stream)
+                if stream != -1:
+                    g_name(nid)
+                    g_cat(cid)
+                    g_stream(stream)
+                    g_dev(-1 if a.device is None else a.device)
+                    g_corr(-1 if a.correlation is None else a.correlation)
+                    g_ext(-1 if a.external_id is None else a.external_id)
+                    g_ts(ts)
+                    g_dur(dur)
+                    if flags[nid]:
+                        self._flagged(e, a, nid, cat, gpu_stream=stream)
+                    elif a.collective_name is not None:
+                        self._collective(e, a, self.names[nid], cat, stream, on_gpu=True)
+                    continue
+            if cat in cpu_cats:
+                pid = e.pid
+                tid = e.tid
+                c_name(nid)
+                c_cat(cid)
+                c_pid(pid if type(pid) is int else -1)
+                c_tid(tid if type(tid) is int else -1)
+                c_ext(-1 if a is None or a.external_id is None else a.external_id)
+                c_ts(ts)
+                c_dur(dur)
+            if flags[nid]:
+                self._flagged(e, a, nid, cat, gpu_stream=None)
+                continue
+            if a is not None:
+                if a.correlation is not None:
+                    tid = e.tid
+                    l_name(nid)
+                    l_tid(tid if type(tid) is int else -1)
+                    l_corr(a.correlation)
+                    l_ts(ts)
+                    l_dur(dur)
+                if a.collective_name is not None:
+                    self._collective(e, a, self.names[nid], cat, _as_int(e.tid), on_gpu=False)
+        self.min_ts = min_ts
+        self.gpu.flush()
+        self.cpu.flush()
+        self.launches.flush()
+
+    def _flagged(self, e: _Event, a: _Args | None, nid: int, cat: str,
+                 gpu_stream: int | None) -> None:
+        """Rare events whose name matters: steps, sync events, comm annotations."""
+        f = self.name_flags[nid]
+        name = self.names[nid]
+        on_gpu = gpu_stream is not None
+        corr = -1 if a is None else _as_int(a.correlation)
+        if f & _STEP:
+            hta_gpu = on_gpu and gpu_stream >= 0 and corr >= 0  # type: ignore[operator]
+            self._step(name, cat, e.ts, e.dur, hta_gpu)  # type: ignore[arg-type]
+        if a is not None and not on_gpu and a.correlation is not None and not f & _SYNC:
+            tid = e.tid
+            self.launches.append(nid, tid if type(tid) is int else -1, a.correlation,
+                                 e.ts, e.dur)
+        if a is not None and (a.collective_name is not None or f & _COMM):
+            tid = gpu_stream if on_gpu else _as_int(e.tid)
+            self._collective(e, a, name, cat, tid, on_gpu=on_gpu)  # type: ignore[arg-type]
+
+    def _step(self, name: str, cat: str, ts: float, dur: float, hta_gpu: bool) -> None:
+        self.steps.append(StepMark(name, cat, float(ts), float(dur), hta_gpu))
+
+    def _collective(self, e: _Event, a: _Args, name: str, cat: str, tid: int,
+                    on_gpu: bool) -> None:
+        cname = a.collective_name
+        dtype = a.dtype
+        self.collectives.append(CollectiveEvent(
+            name=name, cat=cat, on_gpu=on_gpu, ts_us=float(e.ts), dur_us=float(e.dur),
+            tid=tid, correlation=_as_int(a.correlation), external_id=_as_int(a.external_id),
+            collective_name=cname if isinstance(cname, str) else None,
+            in_msg_nelems=_as_opt_int(a.in_msg_nelems),
+            out_msg_nelems=_as_opt_int(a.out_msg_nelems),
+            dtype=dtype if isinstance(dtype, str) else None,
+            group_size=_as_opt_int(a.group_size),
+            pg_name=None if a.pg_name is None else str(a.pg_name),
+            pg_desc=None if a.pg_desc is None else str(a.pg_desc),
+            pg_ranks=_pg_ranks(a.pg_ranks),
+            input_dims=_raw_value(a.input_dims), input_type=_raw_value(a.input_type)))
+
+    def finish(self, path: str) -> Trace:
+        g = self.gpu.arrays()
+        c = self.cpu.arrays()
+        lch = self.launches.arrays()
+        return Trace(
+            path=path,
+            distributed=_distributed_info(self.meta.get("distributedInfo")),
+            device_properties=tuple(d for d in self.meta.get("deviceProperties") or ()
+                                    if isinstance(d, dict)),
+            base_time_ns=_as_opt_int(self.meta.get("baseTimeNanoseconds")),
+            names=tuple(self.names),
+            cats=tuple(self.cat_ids),
+            gpu=GpuEvents(name_id=g[0].astype(np.int32), cat_id=g[1].astype(np.int32),
+                          stream=g[2], device=g[3], correlation=g[4], external_id=g[5],
+                          ts_us=g[6], dur_us=g[7]),
+            cpu=CpuOps(name_id=c[0].astype(np.int32), cat_id=c[1].astype(np.int32),
+                       pid=c[2], tid=c[3], external_id=c[4], ts_us=c[5], dur_us=c[6]),
+            launches=Launches(name_id=lch[0].astype(np.int32), tid=lch[1],
+                              correlation=lch[2], ts_us=lch[3], dur_us=lch[4]),
+            steps=tuple(self.steps),
+            collectives=tuple(self.collectives),
+            n_events=self.n_events,
+            ts_fractional=self.ts_fractional,
+            min_ts_us=float(self.min_ts) if self.min_ts != float("inf") else 0.0,
+        )
+
+
+def _distributed_info(d: Any) -> DistributedInfo | None:
+    if not isinstance(d, dict):
+        return None
+    pgs = []
+    for pg in d.get("pg_config") or ():
+        if isinstance(pg, dict):
+            ranks = pg.get("ranks")
+            pgs.append(ProcessGroupConfig(
+                name=str(pg.get("pg_name", "")), desc=str(pg.get("pg_desc", "")),
+                backend_config=str(pg.get("backend_config", "")),
+                size=_as_opt_int(pg.get("pg_size")),
+                ranks=_pg_ranks(ranks) or ()))
+    backend = d.get("backend")
+    nccl = d.get("nccl_version")
+    return DistributedInfo(
+        rank=_as_opt_int(d.get("rank")), world_size=_as_opt_int(d.get("world_size")),
+        backend=backend if isinstance(backend, str) else None,
+        nccl_version=nccl if isinstance(nccl, str) else None, pg_config=tuple(pgs))
+
+
+# --------------------------------------------------------------------------- decoding
+def _decode_events(body: bytes | memoryview) -> list[_Event] | None:
+    """Decode ``[ ... ]`` of events; retry once with invalid UTF-8 replaced."""
+    try:
+        return _EVENTS.decode(body)
+    except msgspec.DecodeError as exc:
+        if "UTF-8" not in str(exc):
+            return None
+    except msgspec.ValidationError:
+        return None
+    try:
+        return _EVENTS.decode(str(body, "utf-8", "replace").encode("utf-8"))
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def _decode_doc(data: bytes) -> _Doc:
+    """Decode a whole document; raises msgspec errors."""
+    try:
+        return _DOC.decode(data)
+    except msgspec.DecodeError as exc:
+        if "UTF-8" not in str(exc):
+            raise
+    return _DOC.decode(data.decode("utf-8", "replace").encode("utf-8"))
+
+
+def _open(path: Path) -> IO[bytes]:
+    raw = open(path, "rb")
+    if raw.read(2) == _GZIP_MAGIC:
+        raw.seek(0)
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    raw.seek(0)
+    return raw
+
+
+def _pick_separator(data: bytes | bytearray) -> bytes | None:
+    """The byte string between two top-level events, as this file writes it."""
+    found = Counter(m.group() for m in _SEPARATOR.finditer(data, 0, min(len(data), 1 << 20)))
+    return found.most_common(1)[0][0] if found else None
+
+
+def _cut_and_decode(buf: bytearray, sep: bytes, ex: _Extractor) -> bytearray | None:
+    """Decode the events in ``buf`` (``[`` + events text) before its last separator.
+
+    The byte after the cut's ``}`` (a comma or blank) becomes ``]`` so the part
+    before it decodes in place, without a copy. Returns ``[`` + the rest, or ``buf``
+    unchanged when it has no separator yet. Earlier separators are tried when a cut
+    does not decode (a separator-like string after the list, e.g. in trailing
+    metadata); ``None`` when none decodes.
+    """
+    end = len(buf)
+    for _ in range(_MAX_CUT_RETRIES):
+        k = buf.rfind(sep, 0, end)
+        if k < 0:
+            return buf if end == len(buf) else None
+        saved = buf[k + 1]
+        buf[k + 1] = ord("]")
+        events = _decode_events(memoryview(buf)[: k + 2])
+        if events is not None:
+            ex.add(events)
+            del events
+            rest = bytearray(b"[")
+            rest += memoryview(buf)[k + len(sep) - 1:]
+            return rest
+        buf[k + 1] = saved
+        end = k
+    return None
+
+
+def _decode_blockwise(path: Path, ex: _Extractor, block: int) -> bool:
+    """Block-wise decoding; False when the layout is not the usual one."""
+    with _open(path) as f:
+        head = f.read(block)
+        if not head or head.isspace():
+            raise TraceError(f"{path.name}: empty file")
+        while (i := head.find(_KEY)) < 0 or len(head) - i < 64:
+            more = f.read(block) if len(head) <= _HEAD_LIMIT else b""
+            if not more:
+                break
+            head += more
+        if i < 0:
+            return False
+        m = _ARRAY_OPEN.match(head, i + len(_KEY))
+        if m is None:
+            return False
+        try:
+            ex.add_meta(_decode_doc(head[:i] + b'"traceEvents": []}'))
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return False
+        buf = bytearray(b"[")
+        buf += memoryview(head)[m.end():]
+        del head
+        sep: bytes | None = None
+        while True:
+            if sep is None:
+                sep = _pick_separator(buf)
+            if sep is not None:
+                left = _cut_and_decode(buf, sep, ex)
+                if left is None:
+                    return False
+                buf = left
+            chunk = f.read(block)
+            if not chunk:
+                break
+            if len(buf) > _HEAD_LIMIT:
+                return False
+            buf += chunk
+            del chunk
+    return _decode_tail(path, buf, ex)
+
+
+def _decode_tail(path: Path, rest: bytearray, ex: _Extractor) -> bool:
+    """Decode the last events (``rest`` = ``[`` + text) and the trailing metadata."""
+    try:
+        doc = _decode_doc(b'{"traceEvents":' + rest)
+    except msgspec.ValidationError:  # a subclass of DecodeError
+        return False
+    except msgspec.DecodeError as exc:
+        if "truncated" in str(exc):
+            raise TraceError(f"{path.name}: truncated trace (the file ends inside the "
+                             "event list)") from None
+        return False
+    ex.add(doc.traceEvents or [])
+    ex.add_meta(doc)
+    return True
+
+
+def _decode_whole(path: Path, ex: _Extractor) -> None:
+    with _open(path) as f:
+        data = f.read()
+    if not data.strip():
+        raise TraceError(f"{path.name}: empty file")
+    try:
+        doc = _decode_doc(data)
+    except msgspec.ValidationError as exc:  # a subclass of DecodeError
+        raise TraceError(f"{path.name}: not a Kineto trace ({exc})") from None
+    except msgspec.DecodeError as exc:
+        raise TraceError(f"{path.name}: not valid JSON ({exc})") from None
+    del data
+    if doc.traceEvents is None:
+        raise TraceError(f"{path.name}: not a Kineto trace (no traceEvents list)")
+    ex.add_meta(doc)
+    ex.add(doc.traceEvents)
+
+
+@contextmanager
+def _errors_as_trace_error(path: Path) -> Iterator[None]:
+    try:
+        yield
+    except TraceError:
+        raise
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such file") from None
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise TraceError(f"{path.name}: truncated or corrupt gzip data ({exc})") from None
+    except OSError as exc:
+        raise TraceError(f"{path.name}: cannot read ({exc.strerror or exc})") from None
+    except (msgspec.MsgspecError, ValueError, TypeError, MemoryError) as exc:
+        raise TraceError(f"{path.name}: unreadable trace ({type(exc).__name__}: "
+                         f"{exc})") from None
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def load_trace(path: str | Path, *, block_bytes: int = BLOCK_BYTES,
+               python_functions: bool = False) -> Trace:
+    """Load a ``.json`` or ``.json.gz`` Kineto trace (gzip is detected by content).
+
+    ``python_functions`` also keeps ``python_function`` ranges in ``Trace.cpu``
+    (traces recorded ``with_stack`` have millions of them).
+    Raises ``TraceError`` for an unreadable, truncated, empty or non-trace file.
+    """
+    p = Path(path)
+    with _errors_as_trace_error(p), _gc_paused():
+        ex = _Extractor(python_functions)
+        if not _decode_blockwise(p, ex, block_bytes):
+            ex = _Extractor(python_functions)
+            _decode_whole(p, ex)
+        return ex.finish(str(p))
+
+
+# --------------------------------------------------------------------------- rank
+_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+_DIST_KEY = '"distributedInfo"'
+
+
+def rank_of(path: str | Path) -> int | None:
+    """The trace's rank, reading only the head of the file.
+
+    ``distributedInfo.rank`` from the metadata before the event list (where Kineto
+    writes it); else a number after ``rank`` in the file name (``rank-3.json.gz``,
+    ``sampled_rank-0.json.gz``); else the last number in the file name; else None.
+    """
+    p = Path(path)
+    try:
+        with _open(p) as f:
+            head = f.read(_RANK_HEAD_BYTES)
+    except (OSError, EOFError, zlib.error):
+        head = b""
+    rank = _rank_in_head(head.decode("utf-8", "replace"))
+    if rank is not None:
+        return rank
+    m = _RANK_IN_NAME.search(p.name)
+    if m is None:
+        numbers = re.findall(r"\d+", p.name.split(".")[0])
+        return int(numbers[-1]) if numbers else None
+    return int(m.group(1))
+
+
+def _rank_in_head(text: str) -> int | None:
+    end = text.find('"traceEvents"')
+    i = text.find(_DIST_KEY, 0, end if end >= 0 else len(text))
+    if i < 0:
+        return None
+    colon = text.find(":", i + len(_DIST_KEY))
+    if colon < 0:
+        return None
+    start = colon + 1
+    while start < len(text) and text[start].isspace():
+        start += 1
+    try:
+        info, _ = json.JSONDecoder().raw_decode(text, start)
+    except ValueError:
+        return None
+    if isinstance(info, dict) and type(info.get("rank")) is int:
+        return int(info["rank"])
+    return None

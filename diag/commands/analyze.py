@@ -1,0 +1,96 @@
+"""`pardiag analyze PATH [--json]`"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pardiag import analysis as model
+from pardiag import rundir
+from pardiag.errors import UserError
+
+DESCRIPTION = """Analyse a run directory written by `pardiag run`, a folder of plain
+torch.profiler traces (*.json, *.json.gz; the rank is read from each trace), or one
+trace file: per rank, where the profiled time went (compute, communication hidden or
+exposed, copies, input loading, idle) and by phase; collectives matched across ranks
+(transfer versus waiting, bandwidth); the rank that holds the others back and why.
+A run directory's result is cached in its analysis.json."""
+
+EPILOG = """examples:
+  pardiag analyze pardiag-runs/exp1
+  pardiag analyze traces/ --json > analysis.json
+  pardiag analyze rank-0.json.gz
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="run directory, folder of traces, or a trace file")
+    p.add_argument("--json", action="store_true", help="print the Analysis as JSON on stdout")
+    p.add_argument("--jobs", "-j", type=int, default=None, help="processes that parse traces (default: all cores)")
+    p.add_argument("--force", action="store_true", help="ignore a cached analysis.json")
+
+
+def execute(args: argparse.Namespace) -> int:
+    path = Path(args.path)
+    a = load_or_analyze(path, jobs=args.jobs, force=args.force, quiet=args.json)
+    if args.json:
+        sys.stdout.write(a.to_json() + "\n")
+    else:
+        from pardiag.render_text import print_summary
+
+        print_summary(a, next_for=str(path))
+    return 0
+
+
+def cache_is_fresh(run: rundir.RunDir) -> bool:
+    """analysis.json newer than everything it was computed from."""
+    try:
+        cached = run.analysis.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    for p in [run.manifest, *run.ranks_dir.glob("*/*")]:
+        try:
+            if p.stat().st_mtime > cached:
+                return False
+        except FileNotFoundError:
+            continue
+    return True
+
+
+def load_or_analyze(path: Path, jobs: int | None = None, force: bool = False, quiet: bool = False) -> model.Analysis:
+    if path.is_file() and path.name.endswith("analysis.json"):
+        return model.load(path)
+    is_run = path.is_dir() and rundir.is_run_dir(path)
+    run = rundir.RunDir(path) if is_run else None
+    if run is not None and not force and cache_is_fresh(run):
+        try:
+            return model.load(run.analysis)
+        except UserError:
+            pass  # an older or broken cache: analyse again
+    a = analyze_with_progress(path, jobs, quiet)
+    if run is not None:
+        try:
+            rundir.atomic_write_text(run.analysis, a.to_json() + "\n")
+        except OSError as e:
+            print(f"pardiag: warning: could not cache the analysis in {run.analysis}: {e.strerror}", file=sys.stderr)
+    return a
+
+
+def analyze_with_progress(path: Path, jobs: int | None, quiet: bool) -> model.Analysis:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from pardiag.analyzers.analyze import analyze_path
+
+    console = Console(stderr=True)
+    if quiet or not console.is_terminal:
+        return analyze_path(path, jobs=jobs)
+    with Progress(TextColumn("reading traces"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as bar:
+        task = bar.add_task("traces", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        return analyze_path(path, jobs=jobs, progress=progress)

@@ -1,0 +1,111 @@
+"""Terminal summary of an Analysis (rich). Reads only the Analysis."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Sequence
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from pardiag.analysis import Analysis, RankResult
+
+MAX_RANK_ROWS = 16
+CATEGORY_LABELS = (
+    ("compute", "compute"),
+    ("comm_exposed", "comm exp"),
+    ("comm_overlapped", "comm hid"),
+    ("memcpy", "copy"),
+    ("dataloader", "data"),
+    ("idle", "idle"),
+)
+
+
+def _ms(us: float | None, digits: int = 1) -> str:
+    return "-" if us is None else f"{us / 1000:.{digits}f}"
+
+
+def _pct(part: float, whole: float) -> str:
+    return "-" if whole <= 0 else f"{part / whole:.0%}"
+
+
+def _rows_to_show(ranks: Sequence[RankResult], straggler_ranks: set[int]) -> list[RankResult]:
+    if len(ranks) <= MAX_RANK_ROWS:
+        return list(ranks)
+    slowest = sorted(ranks, key=lambda r: -(r.step_time_us.p50 or 0.0))[: MAX_RANK_ROWS // 2]
+    keep = {r.rank for r in slowest} | straggler_ranks | {ranks[0].rank}
+    return [r for r in ranks if r.rank in keep]
+
+
+def rank_table(a: Analysis) -> Table:
+    stragglers = {s.rank for s in a.stragglers}
+    shown = _rows_to_show(a.ranks, stragglers)
+    title = "where each rank's profiled time went"
+    if len(shown) < len(a.ranks):
+        title += f" ({len(shown)} of {len(a.ranks)} ranks: the slowest, the stragglers, rank {a.ranks[0].rank})"
+    t = Table(title=title, title_justify="left", caption="step: p50 over all steps (ms); wait: ms per profiled step spent waiting in collectives", caption_justify="left")
+    t.add_column("rank", justify="right")
+    t.add_column("step", justify="right")
+    for _, label in CATEGORY_LABELS:
+        t.add_column(label, justify="right")
+    t.add_column("wait", justify="right")
+    for r in shown:
+        w = r.window_us
+        cells = [_pct(r.breakdown_us.get(k, 0.0), w) for k, _ in CATEGORY_LABELS]
+        mark = Text(str(r.rank), style="bold red" if r.rank in stragglers else "")
+        wait = _ms(r.wait_us / r.steps_profiled) if r.steps_profiled else "-"
+        t.add_row(mark, _ms(r.step_time_us.p50), *cells, wait)
+    return t
+
+
+def collective_table(a: Analysis, limit: int = 10) -> Table:
+    t = Table(title="collectives in the profiled window", title_justify="left", caption="transfer: shortest duration across ranks; wait: the rest (mean over ranks)", caption_justify="left")
+    for col in ("op", "group", "calls", "MB", "transfer ms", "wait ms", "busbw GB/s"):
+        t.add_column(col, justify="left" if col in ("op", "group") else "right", overflow="fold")
+    for c in a.collectives[:limit]:
+        t.add_row(
+            c.op,
+            c.process_group,
+            str(c.calls),
+            f"{c.bytes / 1e6:.1f}" if c.bytes else "-",
+            _ms(c.transfer_us),
+            _ms(c.wait_us),
+            f"{c.busbw_gbps:.2f}" if c.busbw_gbps is not None else "-",
+        )
+    return t
+
+
+def print_summary(a: Analysis, console: Console | None = None, next_for: str | None = None) -> None:
+    console = console or Console(highlight=False)
+    run = a.run
+    head = (
+        f"world size {run.get('world_size')}  backend {run.get('backend') or '?'}  "
+        f"device {run.get('device_type') or '?'}  hosts {', '.join(run.get('hosts') or []) or '?'}"
+    )
+    console.print(Text(head))
+    if a.ranks:
+        console.print(rank_table(a))
+    if a.stragglers:
+        for s in a.stragglers:
+            console.print(Text.assemble(("straggler: ", "bold red"), f"rank {s.rank} works "
+                                        f"{s.excess_us_per_step / 1000:.1f} ms per step longer than the others; cause: {s.cause}"))
+            for line in s.evidence:
+                console.print(Text("  " + line, style="dim"))
+    elif len(a.ranks) > 1:
+        console.print(Text("no straggler: the ranks wait on each other evenly", style="green"))
+    if a.collectives:
+        console.print(collective_table(a))
+    for g in a.process_groups:
+        if len(a.process_groups) > 1:
+            console.print(Text(f"group {g.name} ({g.desc or 'no description'}): {g.role}, size {g.size}, "
+                               f"{_ms(g.total_us)} ms in collectives, {_ms(g.wait_us)} ms waiting"))
+    for n in a.notices:
+        style = {"error": "red", "warning": "yellow"}.get(n.level, "dim")
+        console.print(Text(f"{n.level}: {n.message}", style=style))
+    if next_for:
+        from pardiag.cli import COMMANDS
+
+        p = shlex.quote(next_for)
+        nxt = [f"pardiag {c} {p}" for c in ("report", "tui") if c in COMMANDS] + [f"pardiag analyze {p} --json"]
+        console.print("next: " + "   ".join(nxt), markup=False)

@@ -1,0 +1,104 @@
+"""`pardiag analyze` as a user runs it: run directories, trace folders, bad input."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import SCRIPTS, read_json, run_pardiag, torchrun
+from test_rank_trace import cpu_rank
+from tracegen import write_trace
+
+
+@pytest.fixture
+def two_ranks(tmp_path: Path) -> Path:
+    d = tmp_path / "traces"
+    d.mkdir()
+    write_trace(d / "a.json", cpu_rank(1600, 250), rank=0)
+    write_trace(d / "b.json.gz", cpu_rank(1700, 100), rank=1)
+    return d
+
+
+def test_json_output_is_the_contract(two_ranks: Path) -> None:
+    res = run_pardiag("analyze", str(two_ranks), "--json")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["schema"] == "pardiag.analysis" and doc["schema_version"] == 1
+    r0 = doc["ranks"][0]
+    assert set(r0["breakdown_us"]) == {"compute", "comm_exposed", "comm_overlapped", "memcpy", "dataloader", "idle"}
+    assert sum(r0["breakdown_us"].values()) == pytest.approx(r0["window_us"])
+    assert set(r0["phases_us"]) == {"dataloader", "forward", "backward", "optimizer", "other"}
+    assert sum(r0["phases_us"].values()) == pytest.approx(r0["window_us"])
+    assert doc["collectives"][0]["wait_us"] == 75.0
+    assert doc["stragglers"] == [] and doc["findings"] == []
+
+
+def test_terminal_summary(two_ranks: Path) -> None:
+    res = run_pardiag("analyze", str(two_ranks))
+    assert res.returncode == 0
+    assert "all_reduce" in res.stdout and "compute" in res.stdout and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize(
+    "name, content, expect",
+    [
+        ("truncated.json.gz", None, "truncated"),
+        ("broken.json", b'{"traceEvents": [{"ph": "X", "ts": 1,', "rank 1: trace unreadable"),
+        ("empty.json", b"", "rank 1: trace unreadable"),
+        ("shape.json", b'{"hello": [1, 2, 3]}', "rank 1: trace unreadable"),
+    ],
+)
+def test_corrupt_trace_gives_partial_analysis(two_ranks: Path, name: str, content: bytes | None, expect: str) -> None:
+    bad = two_ranks / "b.json.gz"
+    if content is None:
+        data = bad.read_bytes()
+        bad.write_bytes(data[: len(data) // 2])
+    else:
+        bad.unlink()
+        (two_ranks / name).write_bytes(content)
+        # the name carries no rank and there is no distributedInfo: taken by order
+    res = run_pardiag("analyze", str(two_ranks), "--json")
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr
+    doc = json.loads(res.stdout)
+    messages = " | ".join(n["message"] for n in doc["notices"])
+    assert "rank 1" in messages and ("unreadable" in messages)
+    if content is None:
+        assert "truncated" in messages.lower() or "gzip" in messages.lower()
+    assert doc["ranks"][0]["window_us"] == 1000.0  # rank 0 still analysed
+
+
+def test_missing_path_and_wrong_file(tmp_path: Path) -> None:
+    res = run_pardiag("analyze", str(tmp_path / "nope"))
+    assert res.returncode == 2 and "no such file or directory" in res.stderr and "Traceback" not in res.stderr
+    (tmp_path / "notes.txt").write_text("hi")
+    res = run_pardiag("analyze", str(tmp_path / "notes.txt"))
+    assert res.returncode == 2 and "not a trace" in res.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = run_pardiag("analyze", str(empty))
+    assert res.returncode == 2 and "no run directory and no trace files" in res.stderr
+
+
+def test_newer_run_format_is_refused(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "ranks").mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps({"format": "pardiag.run", "format_version": 99}))
+    res = run_pardiag("analyze", str(run))
+    assert res.returncode == 2 and "newer than this pardiag" in res.stderr
+
+
+def test_duplicate_ranks_and_unranked(tmp_path: Path) -> None:
+    write_trace(tmp_path / "x.json", cpu_rank(1600, 250), rank=0)
+    write_trace(tmp_path / "y.json", cpu_rank(1700, 100), rank=0)
+    write_trace(tmp_path / "z.json", cpu_rank(1700, 100), rank=None)
+    res = run_pardiag("analyze", str(tmp_path), "--json")
+    doc = json.loads(res.stdout)
+    messages = " | ".join(n["message"] for n in doc["notices"])
+    assert "two traces claim rank 0" in messages
+    assert "z.json: no rank in the trace or its name; taken as rank 1 by order" in messages
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1]

@@ -1,0 +1,98 @@
+"""Per-rank breakdown, phases and collectives on small traces worked out by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pardiag.analyzers.analyze import analyze_path
+from pardiag.analyzers.collectives import bus_factor
+from pardiag.analyzers.rank_trace import analyze_rank_trace
+from pardiag.analyzers.trace import load_trace
+from tracegen import kernel, write_trace, x
+
+DL = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+
+
+def cpu_rank(gloo_start: float, gloo_dur: float) -> list[dict]:
+    """One step, 1000-2000 us, on the loop's thread 1; gloo's thread is 9."""
+    return [
+        x("ProfilerStep#5", 1000, 1000, cat="user_annotation"),
+        x(DL, 1000, 100, cat="user_annotation"),
+        x("aten::stack", 1020, 60),
+        x("aten::linear", 1100, 300),
+        x("aten::addmm", 1150, 200),
+        x("autograd::engine::evaluate_function: AddmmBackward0", 1450, 250),
+        x("gloo:all_reduce", gloo_start, gloo_dur, tid=9, cat="user_annotation",
+          **{"Input Dims": [[1000]], "Input type": ["float"]}),
+        x("Optimizer.step#SGD.step", 1900, 50, cat="user_annotation"),
+        x("aten::add_", 1900, 40),
+    ]
+
+
+@pytest.fixture
+def cpu_traces(tmp_path: Path) -> Path:
+    write_trace(tmp_path / "rank0.json", cpu_rank(1600, 250), rank=0)
+    write_trace(tmp_path / "rank1.json.gz", cpu_rank(1700, 100), rank=1)
+    return tmp_path
+
+
+def test_cpu_breakdown_by_hand(cpu_traces: Path) -> None:
+    r = analyze_rank_trace(load_trace(cpu_traces / "rank0.json"))
+    assert r.device_type == "cpu" and [s.step for s in r.steps] == [5] and r.window_us == 1000
+    # data 1000-1100 (collate inside counts as input loading); compute 1100-1400,
+    # 1450-1600, 1900-1940; comm 1600-1850 of which 1600-1700 under backward
+    assert r.breakdown_us == {
+        "dataloader": 100.0, "compute": 490.0, "comm_overlapped": 100.0,
+        "comm_exposed": 150.0, "memcpy": 0.0, "idle": 160.0,
+    }
+    # gaps inherit the phase before them: 1400-1450 forward, 1700-1900 backward
+    # (blocked on the all-reduce), 1950-2000 optimizer
+    assert r.phases_us == {"dataloader": 100.0, "forward": 350.0, "backward": 450.0, "optimizer": 100.0, "other": 0.0}
+    (c,) = r.collectives
+    assert (c.op, c.process_group, c.bytes, c.step, c.group_size) == ("all_reduce", "0:default_pg", 4000, 5, 2)
+
+
+def test_gpu_breakdown_by_hand(tmp_path: Path) -> None:
+    events = [
+        x("ProfilerStep#3", 0, 1000, cat="user_annotation"),
+        x(DL, 0, 50, cat="user_annotation"),
+        kernel("volta_sgemm_128x64_nn", 100, 300, stream=7),
+        kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 300, 400, stream=8,
+               correlation=2, **{"Collective name": "allreduce", "In msg nelems": 1000, "Out msg nelems": 1000,
+                                 "dtype": "Float", "Group size": 2, "Process Group Name": "0",
+                                 "Process Group Description": "default_pg"}),
+        kernel("Memcpy HtoD (Pageable -> Device)", 800, 50, stream=7, correlation=3, cat="gpu_memcpy"),
+    ]
+    r = analyze_rank_trace(load_trace(write_trace(tmp_path / "g.json", events, backend="nccl")))
+    assert r.device_type == "cuda"
+    assert r.breakdown_us == {
+        "compute": 200.0, "comm_overlapped": 100.0, "comm_exposed": 300.0,
+        "memcpy": 50.0, "dataloader": 50.0, "idle": 300.0,
+    }
+    (c,) = r.collectives
+    assert (c.op, c.bytes, c.on_gpu, c.process_group) == ("all_reduce", 4000, True, "0:default_pg")
+
+
+def test_collectives_matched_across_ranks(cpu_traces: Path) -> None:
+    a = analyze_path(cpu_traces, jobs=1)
+    assert [r.rank for r in a.ranks] == [0, 1]
+    (c,) = a.collectives
+    # durations 250 (rank 0 arrived first and waited) and 100: transfer 100
+    assert (c.calls, c.bytes, c.transfer_us, c.total_us, c.wait_us) == (1, 4000, 100.0, 175.0, 75.0)
+    assert c.wait_by_rank_us == {"0": 150.0, "1": 0.0}
+    assert c.algbw_gbps == pytest.approx(4000 / 100e-6 / 1e9)
+    assert c.busbw_gbps == pytest.approx(c.algbw_gbps * 1.0)  # 2(n-1)/n = 1 for n = 2
+    assert a.ranks[0].wait_us == 150.0 and a.ranks[1].wait_us == 0.0
+    (g,) = a.process_groups
+    assert (g.role, g.size, g.ops) == ("data-parallel", 2, {"all_reduce": 1})
+    assert a.notices == []
+
+
+def test_bus_factors() -> None:
+    assert bus_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
+    assert bus_factor("all_gather", 4) == pytest.approx(3 / 4)
+    assert bus_factor("reduce_scatter", 4) == pytest.approx(3 / 4)
+    assert bus_factor("broadcast", 4) == 1.0
+    assert bus_factor("barrier", 4) is None
