@@ -93,7 +93,7 @@ def print_summary(a: Analysis, console: Console | None = None, next_for: str | N
             for line in s.evidence:
                 console.print(Text("  " + line, style="dim"))
     elif len(a.ranks) > 1:
-        console.print(Text("no straggler: the ranks wait on each other evenly", style="green"))
+        console.print(Text("no straggler: no rank holds the others back consistently over the run", style="green"))
     if a.collectives:
         console.print(collective_table(a))
     for g in a.process_groups:

@@ -1,5 +1,5 @@
 """What `pardiag run` prints when the job ends: where the run is, what was collected,
-step times per rank, and the next commands to type."""
+the analysis summary, and the next commands to type."""
 
 from __future__ import annotations
 
@@ -7,27 +7,10 @@ import shlex
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from pardiag import rundir
-from pardiag.analyzers.steps import step_stats
 
 STATUS_STYLE = {"ok": "green", "partial": "yellow", "skipped": "dim", "failed": "red"}
-
-
-def _ms(us: float | None) -> str:
-    return "-" if us is None else f"{us / 1000:.1f}"
-
-
-def _exit_text(ex: dict[str, Any]) -> str:
-    status = ex.get("status")
-    if status == "exited":
-        return "ok"
-    if status == "exception":
-        return f"[red]{ex.get('type')}[/]"
-    if status == "running":
-        return "[red]killed?[/]"
-    return "?"
 
 
 def print_run_summary(run: rundir.RunDir, doc: dict[str, Any], console: Console | None = None) -> None:
@@ -39,31 +22,6 @@ def print_run_summary(run: rundir.RunDir, doc: dict[str, Any], console: Console 
         f"hosts: {', '.join(doc.get('hosts') or []) or '?'}   exit code: {code}",
         markup=True,
     )
-    table = Table(
-        title="step time in ms (steps outside the profiler window, step 0 left out)",
-        title_justify="left",
-        caption="data: share of step time waiting on the DataLoader; prof: p50 inside the window",
-        caption_justify="left",
-    )
-    for col in ("rank", "host", "steps", "p50", "p90", "max", "data", "prof", "trace", "exit"):
-        table.add_column(col, justify="left" if col in ("host", "trace", "exit") else "right", overflow="fold")
-    for info in doc.get("ranks") or []:
-        r = info["rank"]
-        st = step_stats(rundir.iter_steps(run.steps(r)))
-        ex = info.get("exit") or {}
-        table.add_row(
-            str(r),
-            str(info.get("host") or "?"),
-            str((st.last_step + 1) if st.last_step is not None else 0),
-            _ms(st.p50_us),
-            _ms(st.p90_us),
-            _ms(st.max_us),
-            "-" if st.data_share is None else f"{st.data_share:.0%}",
-            _ms(st.profiled_p50_us),
-            {"trace.json.gz": "yes", "trace.partial.json.gz": "partial"}.get(info.get("trace") or "", "-"),
-            _exit_text(ex),
-        )
-    console.print(table)
     col = doc.get("collectors") or {}
     parts = []
     for name in ("steps", "meta", "profiler", "nccl", "telemetry", "flight_recorder", "bootstrap"):
@@ -77,14 +35,26 @@ def print_run_summary(run: rundir.RunDir, doc: dict[str, Any], console: Console 
             console.print(f"  {name}: {reason}", markup=False, style="dim")
     if col.get("missing_ranks"):
         console.print(f"[yellow]missing ranks:[/] {col['missing_ranks']}")
+    analysis = _analyse(run, console)
+    if analysis is not None:
+        from pardiag.render_text import print_summary
+
+        print_summary(analysis, console, next_for=str(run.root))  # failed ranks are among its notices
+        return
     for f in doc.get("failed_ranks") or []:
         console.print(f"[red]rank {f['rank']} failed[/] at step {f.get('step')}: ", end="")
         console.print(str(f.get("reason")), markup=False)
-    from pardiag.cli import COMMANDS
 
-    path = shlex.quote(str(run.root))
-    nxt = [f"pardiag {c} {path}" for c in ("analyze", "report", "tui") if c in COMMANDS]
-    if nxt:
-        console.print("next:")
-        for line in nxt:
-            console.print(f"  {line}", markup=False)
+
+def _analyse(run: rundir.RunDir, console: Console) -> Any:
+    """The Analysis of the run just recorded; a failure here never fails the run."""
+    from pardiag.commands.analyze import load_or_analyze
+
+    if not run.ranks():
+        return None
+    try:
+        return load_or_analyze(run.root, quiet=True)
+    except Exception as e:  # report it, keep the run's exit code
+        console.print(f"analysis failed: {type(e).__name__}: {e}", markup=False, style="red")
+        console.print(f"  the data is kept; try: pardiag --debug analyze {shlex.quote(str(run.root))}", markup=False)
+        return None

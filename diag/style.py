@@ -1,0 +1,61 @@
+"""Colours and labels of the time categories, defined once for every renderer (HTML
+report, TUI). Plain data: importing this module pulls in nothing."""
+
+from __future__ import annotations
+
+# breakdown_us keys (Analysis.BREAKDOWN_KEYS), in stacking order
+CATEGORY_LABELS: dict[str, str] = {
+    "compute": "compute",
+    "comm_exposed": "comm exposed",
+    "comm_overlapped": "comm hidden",
+    "memcpy": "copy",
+    "dataloader": "data",
+    "idle": "idle",
+}
+CATEGORY_COLOURS: dict[str, str] = {
+    "compute": "#3b7dd8",
+    "comm_exposed": "#e0603a",
+    "comm_overlapped": "#f2b482",
+    "memcpy": "#8a6fc9",
+    "dataloader": "#3aa57a",
+    "idle": "#c3c8d0",
+}
+
+# phases_us keys (Analysis.PHASE_KEYS)
+PHASE_LABELS: dict[str, str] = {
+    "dataloader": "data",
+    "forward": "forward",
+    "backward": "backward",
+    "optimizer": "optimizer",
+    "other": "other",
+}
+PHASE_COLOURS: dict[str, str] = {
+    "dataloader": "#3aa57a",
+    "forward": "#5b9bd5",
+    "backward": "#2f5f9e",
+    "optimizer": "#d9a53a",
+    "other": "#b0b6bf",
+}
+
+# GpuTime fields, HTA's temporal breakdown of the GPU timeline
+GPU_LABELS: dict[str, str] = {
+    "compute_only": "compute only",
+    "overlap": "compute + comm",
+    "comm_only": "comm only",
+    "memory": "copy",
+    "idle": "idle",
+}
+GPU_COLOURS: dict[str, str] = {
+    "compute_only": "#3b7dd8",
+    "overlap": "#f2b482",
+    "comm_only": "#e0603a",
+    "memory": "#8a6fc9",
+    "idle": "#c3c8d0",
+}
+
+# waiting versus moving data inside collectives
+TRANSFER_COLOUR = "#3b7dd8"
+WAIT_COLOUR = "#e0603a"
+
+SEVERITY_COLOURS: dict[str, str] = {"high": "#c0392b", "medium": "#d68910", "low": "#7f8c8d"}
+NOTICE_COLOURS: dict[str, str] = {"error": "#c0392b", "warning": "#d68910", "info": "#5d6d7e"}
