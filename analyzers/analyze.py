@@ -121,7 +121,9 @@ def _plain_traces(files: list[Path], notices: list[Notice]) -> list[RankInput]:
 # -- the analysis ---------------------------------------------------------------------------
 
 
-def analyze_path(path: Path, jobs: int | None = None, progress: Progress | None = None) -> Analysis:
+def analyze_path(
+    path: Path, jobs: int | None = None, progress: Progress | None = None, use_hta: bool = False
+) -> Analysis:
     notices: list[Notice] = []
     run, inputs = find_inputs(path, notices)
     manifest = _manifest(run, notices) if run is not None else {}
@@ -160,7 +162,9 @@ def analyze_path(path: Path, jobs: int | None = None, progress: Progress | None 
     )
     if offsets and max(abs(v) for v in offsets.values()) > SKEW_WARN_US:
         notices.append(Notice("warning", f"clocks differ by up to {max(abs(v) for v in offsets.values()) / 1e6:.1f} s between ranks; cross-rank timelines are aligned from collective end times"))
+    hta = _hta(inputs, summaries, notices) if use_hta else None
     return Analysis(
+        hta=hta,
         run=_run_info(path, manifest, metas, inputs, world, offsets),
         ranks=ranks,
         collectives=matched.collectives,
@@ -168,6 +172,20 @@ def analyze_path(path: Path, jobs: int | None = None, progress: Progress | None 
         process_groups=process_groups(traces, matched.collectives, world),
         notices=notices,
     )
+
+
+def _hta(inputs: list[RankInput], summaries: dict[int, TraceSummary], notices: list[Notice]) -> dict[str, Any] | None:
+    gpu = {i.rank: i.trace for i in inputs if i.trace is not None and summaries.get(i.rank) and summaries[i.rank].gpu}
+    if not gpu:
+        notices.append(Notice("warning", "--hta: HTA analyses GPU kernels and no trace has any; skipped"))
+        return None
+    from pardiag.analyzers.hta_engine import hta_summary
+
+    try:
+        return hta_summary(gpu)  # type: ignore[arg-type]
+    except Exception as e:  # HTA's own failure must not lose pardiag's analysis
+        notices.append(Notice("error", f"--hta: HTA failed: {type(e).__name__}: {str(e)[:300]}"))
+        return None
 
 
 def _summarise_all(inputs: list[RankInput], jobs: int | None, progress: Progress | None) -> dict[int, TraceSummary]:

@@ -29,11 +29,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the Analysis as JSON on stdout")
     p.add_argument("--jobs", "-j", type=int, default=None, help="processes that parse traces (default: all cores)")
     p.add_argument("--force", action="store_true", help="ignore a cached analysis.json")
+    p.add_argument("--hta", action="store_true",
+                   help="also run HolisticTraceAnalysis on GPU traces: idle time (host/kernel wait), "
+                        "kernel launch statistics, kernel breakdown")
 
 
 def execute(args: argparse.Namespace) -> int:
     path = Path(args.path)
-    a = load_or_analyze(path, jobs=args.jobs, force=args.force, quiet=args.json)
+    a = load_or_analyze(path, jobs=args.jobs, force=args.force, quiet=args.json, use_hta=args.hta)
     if args.json:
         sys.stdout.write(a.to_json() + "\n")
     else:
@@ -58,17 +61,21 @@ def cache_is_fresh(run: rundir.RunDir) -> bool:
     return True
 
 
-def load_or_analyze(path: Path, jobs: int | None = None, force: bool = False, quiet: bool = False) -> model.Analysis:
+def load_or_analyze(
+    path: Path, jobs: int | None = None, force: bool = False, quiet: bool = False, use_hta: bool = False
+) -> model.Analysis:
     if path.is_file() and path.name.endswith("analysis.json"):
         return model.load(path)
     is_run = path.is_dir() and rundir.is_run_dir(path)
     run = rundir.RunDir(path) if is_run else None
     if run is not None and not force and cache_is_fresh(run):
         try:
-            return model.load(run.analysis)
+            cached = model.load(run.analysis)
+            if cached.hta is not None or not use_hta:
+                return cached
         except UserError:
             pass  # an older or broken cache: analyse again
-    a = analyze_with_progress(path, jobs, quiet)
+    a = analyze_with_progress(path, jobs, quiet, use_hta)
     if run is not None:
         try:
             rundir.atomic_write_text(run.analysis, a.to_json() + "\n")
@@ -77,7 +84,7 @@ def load_or_analyze(path: Path, jobs: int | None = None, force: bool = False, qu
     return a
 
 
-def analyze_with_progress(path: Path, jobs: int | None, quiet: bool) -> model.Analysis:
+def analyze_with_progress(path: Path, jobs: int | None, quiet: bool, use_hta: bool = False) -> model.Analysis:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -85,7 +92,7 @@ def analyze_with_progress(path: Path, jobs: int | None, quiet: bool) -> model.An
 
     console = Console(stderr=True)
     if quiet or not console.is_terminal:
-        return analyze_path(path, jobs=jobs)
+        return analyze_path(path, jobs=jobs, use_hta=use_hta)
     with Progress(TextColumn("reading traces"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as bar:
         task = bar.add_task("traces", total=None)
@@ -93,4 +100,4 @@ def analyze_with_progress(path: Path, jobs: int | None, quiet: bool) -> model.An
         def progress(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
 
-        return analyze_path(path, jobs=jobs, progress=progress)
+        return analyze_path(path, jobs=jobs, progress=progress, use_hta=use_hta)
