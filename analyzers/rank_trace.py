@@ -158,6 +158,19 @@ def analyze_rank_trace(trace: Trace) -> RankTrace:
         comm = (g_s[kinds == KernelKind.COMMUNICATION], g_e[kinds == KernelKind.COMMUNICATION])
         mem = (g_s[kinds == KernelKind.MEMORY], g_e[kinds == KernelKind.MEMORY])
         breakdown = _breakdown(window, comp, comm, mem, dl, dataloader_first=False)
+        other = kinds == KernelKind.OTHER
+        if other.any():
+            odd = sorted({names[i] for i in np.unique(trace.gpu.name_id[other])})
+            notices.append(
+                f"{int(other.sum())} GPU events ({float(trace.gpu.dur_us[other].sum()):.0f} us) match no known "
+                f"kernel class and are left out of compute: {', '.join(n[:60] for n in odd[:3])}"
+            )
+        host_comm = [e for e in trace.collectives if not e.on_gpu and e.collective_name]
+        if host_comm and not (kinds == KernelKind.COMMUNICATION).any():
+            notices.append(
+                f"{len(host_comm)} collectives were issued (record_param_comms) but no GPU kernel is "
+                "recognised as communication: kernel names of this library are not known"
+            )
     else:
         empty = (np.empty(0), np.empty(0))
         breakdown = _breakdown(window, compute_host, comm_host, empty, dl, dataloader_first=True)

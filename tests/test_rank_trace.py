@@ -96,3 +96,15 @@ def test_bus_factors() -> None:
     assert bus_factor("reduce_scatter", 4) == pytest.approx(3 / 4)
     assert bus_factor("broadcast", 4) == 1.0
     assert bus_factor("barrier", 4) is None
+
+
+def test_unknown_kernels_are_reported(tmp_path: Path) -> None:
+    events = [
+        x("ProfilerStep#1", 0, 1000, cat="user_annotation"),
+        kernel("volta_sgemm_128x64_nn", 100, 300, stream=7),
+        kernel("Stream Sync", 500, 40, stream=7, correlation=2),
+    ]
+    r = analyze_rank_trace(load_trace(write_trace(tmp_path / "g.json", events, backend="nccl")))
+    assert r.breakdown_us["compute"] == 300.0 and r.breakdown_us["idle"] == 700.0
+    (n,) = r.notices
+    assert n.startswith("1 GPU events (40 us) match no known kernel class") and "Stream Sync" in n
