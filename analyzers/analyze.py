@@ -10,10 +10,10 @@ import re
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from pardiag import rundir
-from pardiag.analysis import Analysis, GpuTime, Notice, RankResult, StepTime
+from pardiag.analysis import Analysis, Finding, GpuTime, Notice, RankResult, StepTime
 from pardiag.analyzers.collectives import clock_offsets, end_times, match
 from pardiag.analyzers.groups import process_groups
 from pardiag.analyzers.rank_trace import RankTrace, analyze_rank_trace
@@ -78,7 +78,9 @@ def _summarise(inp: RankInput) -> TraceSummary:
 # -- inputs ---------------------------------------------------------------------------------
 
 
-def find_inputs(path: Path, notices: list[Notice]) -> tuple[rundir.RunDir | None, list[RankInput]]:
+def find_inputs(
+    path: Path, notices: list[Notice], allow_empty: bool = False
+) -> tuple[rundir.RunDir | None, list[RankInput]]:
     if not path.exists():
         raise UserError(f"{path}: no such file or directory")
     if path.is_file():
@@ -94,6 +96,8 @@ def find_inputs(path: Path, notices: list[Notice]) -> tuple[rundir.RunDir | None
         return run, inputs
     files = sorted(p for p in path.iterdir() if p.is_file() and TRACE_NAME.match(p.name))
     if not files:
+        if allow_empty:
+            return None, []
         raise UserError(f"{path}: no run directory and no trace files (*.json, *.json.gz) in it")
     return None, _plain_traces(files, notices)
 
@@ -122,10 +126,14 @@ def _plain_traces(files: list[Path], notices: list[Notice]) -> list[RankInput]:
 
 
 def analyze_path(
-    path: Path, jobs: int | None = None, progress: Progress | None = None, use_hta: bool = False
+    path: Path,
+    jobs: int | None = None,
+    progress: Progress | None = None,
+    use_hta: bool = False,
+    nccl_logs: Sequence[Path] = (),
 ) -> Analysis:
     notices: list[Notice] = []
-    run, inputs = find_inputs(path, notices)
+    run, inputs = find_inputs(path, notices, allow_empty=bool(nccl_logs))
     manifest = _manifest(run, notices) if run is not None else {}
     metas = {i.rank: _meta(run, i.rank) for i in inputs} if run is not None else {}
 
@@ -142,7 +150,12 @@ def analyze_path(
     traces = {r: s.result for r, s in summaries.items() if s.result is not None}
     matched = match({r: t.collectives for r, t in traces.items()})
     ranks = [_rank_result(i, run, summaries.get(i.rank), metas.get(i.rank), matched.wait_by_rank_us) for i in inputs]
-    world = manifest.get("world_size") or max((m.get("world_size") or 0 for m in metas.values() if m), default=0) or len(inputs)
+    world = (
+        manifest.get("world_size")
+        or max((m.get("world_size") or 0 for m in metas.values() if m), default=0)
+        or max((t.world_size or 0 for t in traces.values()), default=0)
+        or len(inputs)
+    )
     _self_checks(traces, matched, world, manifest, notices, run, inputs)
 
     evidence = {
@@ -163,8 +176,11 @@ def analyze_path(
     if offsets and max(abs(v) for v in offsets.values()) > SKEW_WARN_US:
         notices.append(Notice("warning", f"clocks differ by up to {max(abs(v) for v in offsets.values()) / 1e6:.1f} s between ranks; cross-rank timelines are aligned from collective end times"))
     hta = _hta(inputs, summaries, notices) if use_hta else None
+    nccl, findings = _nccl(run, nccl_logs, world, notices)
     return Analysis(
         hta=hta,
+        nccl=nccl,
+        findings=findings,
         run=_run_info(path, manifest, metas, inputs, world, offsets),
         ranks=ranks,
         collectives=matched.collectives,
@@ -172,6 +188,23 @@ def analyze_path(
         process_groups=process_groups(traces, matched.collectives, world),
         notices=notices,
     )
+
+
+def _nccl(
+    run: rundir.RunDir | None, extra: Sequence[Path], world: int, notices: list[Notice]
+) -> tuple[dict[str, Any], list[Finding]]:
+    logs = list(extra)
+    if run is not None and run.nccl_dir.is_dir():
+        logs += sorted(p for p in run.nccl_dir.glob("*.log") if p.stat().st_size > 0)
+    if not logs:
+        return {}, []
+    from pardiag.analyzers.nccl_summary import nccl_block
+
+    block, raw = nccl_block(logs, world or None)
+    hang = block.get("hang")
+    if hang:
+        notices.append(Notice("error", f"hang: {hang.get('summary')}"))
+    return block, [Finding(**f) for f in raw]
 
 
 def _hta(inputs: list[RankInput], summaries: dict[int, TraceSummary], notices: list[Notice]) -> dict[str, Any] | None:
@@ -291,9 +324,17 @@ def _self_checks(
     for r, t in sorted(traces.items()):
         for n in t.notices:
             notices.append(Notice("warning", f"rank {r}: {n}"))
-    if matched.mismatched:
-        notices.append(Notice("error", f"{matched.mismatched} collectives differ in type between ranks at the same position: "
-                                       "the ranks issue collectives in different orders (a hang risk)"))
+    if matched.launch_only:
+        notices.append(Notice("warning", f"{matched.launch_only} NCCL collectives have no kernel in the traces "
+                                         "(a sampled or CPU-only trace): counted, but not timed"))
+    if matched.mismatched_unnamed:
+        notices.append(Notice("warning", f"{matched.mismatched_unnamed} collectives differ in type between ranks at the same "
+                                         "position; the traces do not name process groups, so collectives of different "
+                                         "groups (or a sampled trace) may be mixed"))
+    if matched.mismatched > matched.mismatched_unnamed:
+        notices.append(Notice("error", f"{matched.mismatched - matched.mismatched_unnamed} collectives differ in type between "
+                                       "ranks at the same position of one process group: the ranks issue collectives in "
+                                       "different orders (a hang risk)"))
     if world and inputs:
         missing = sorted(set(range(world)) - {i.rank for i in inputs})
         if missing and len(missing) < world:

@@ -42,6 +42,8 @@ class MatchResult:
     transfer_by_rank_us: dict[int, float]
     unmatched: int  # collectives seen on only one rank
     mismatched: int  # same position, different op: the ranks disagree on the order
+    launch_only: int = 0  # NCCL calls whose kernels are not in the trace: not timed
+    mismatched_unnamed: int = 0  # of the mismatched, those whose process group is not named
 
 
 def _key(calls: Sequence[CollectiveCall]) -> list[tuple[str, int | None, int]]:
@@ -65,17 +67,23 @@ def match(per_rank: Mapping[int, Sequence[CollectiveCall]]) -> MatchResult:
     wait_by_rank: dict[int, float] = defaultdict(float)
     transfer_by_rank: dict[int, float] = defaultdict(float)
     wait_detail: dict[tuple[str, str], dict[int, float]] = defaultdict(lambda: defaultdict(float))
-    unmatched = mismatched = 0
+    unmatched = mismatched = launch_only = unnamed = 0
     for key in sorted(instances, key=lambda k: (k[0], -1 if k[1] is None else k[1], k[2])):
         by_rank = instances[key]
         ops = {c.op for c in by_rank.values()}
         if len(ops) > 1:
             mismatched += 1
+            unnamed += key[0].startswith("?")
             continue
         if len(by_rank) < 2:
             unmatched += 1
         first = next(iter(by_rank.values()))
-        durs = {r: c.dur_us for r, c in by_rank.items()}
+        if any(c.timing == "launch" for c in by_rank.values()):
+            # only the enqueue was seen: count it, do not time it
+            durs = {r: 0.0 for r in by_rank}
+            launch_only += 1
+        else:
+            durs = {r: c.dur_us for r, c in by_rank.items()}
         transfer = min(durs.values())
         mean = sum(durs.values()) / len(durs)
         ident = (first.op, first.process_group)
@@ -86,7 +94,7 @@ def match(per_rank: Mapping[int, Sequence[CollectiveCall]]) -> MatchResult:
         a["total"] += mean
         a["transfer"] += transfer
         size = next((c.bytes for c in by_rank.values() if c.bytes), None)
-        if size:
+        if size and transfer > 0:
             a["bytes"] += size
             a["sized"] += 1
             a["sized_transfer"] += transfer
@@ -118,7 +126,7 @@ def match(per_rank: Mapping[int, Sequence[CollectiveCall]]) -> MatchResult:
                 wait_by_rank_us={str(r): w for r, w in sorted(wait_detail[ident].items())},
             )
         )
-    return MatchResult(out, dict(wait_by_rank), dict(transfer_by_rank), unmatched, mismatched)
+    return MatchResult(out, dict(wait_by_rank), dict(transfer_by_rank), unmatched, mismatched, launch_only, unnamed)
 
 
 def clock_offsets(per_rank_ends: Mapping[int, Sequence[tuple[tuple[str, int | None, int], float]]]) -> dict[int, float]:

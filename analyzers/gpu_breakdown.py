@@ -93,9 +93,12 @@ def _hta_scope(trace: Trace, start: npt.NDArray[np.int64],
     step_end = step_start + np.array([s.dur_us for s in cpu_steps])
     if trace.ts_fractional:
         step_start, step_end = np.ceil(step_start), np.floor(step_end)
-    # HTA compares shifted starts with the last step's end taken before the shift,
-    # so with the last step included every host event stays; mirrored here.
-    limit = float(step_end.max() if include_last_step else step_start.max() - origin)
+    if include_last_step:
+        # HTA compares shifted starts with the last step's end taken before the
+        # shift, so every host event stays; mirrored here.
+        limit = float(step_end.max())
+    else:
+        limit = float(step_start.max() - origin)
     launch_ts = _round_start(trace.launches.ts_us, trace) - origin
     host_ts = _round_start(trace.cpu.ts_us, trace) - origin
     kept_cpu_gpu_rows = rows[~gpu_side & _before(start, limit, include_last_step)]
@@ -105,7 +108,7 @@ def _hta_scope(trace: Trace, start: npt.NDArray[np.int64],
         # HTA gives every host event without a correlation the correlation -1
         np.full(int(np.any(_before(host_ts, limit, include_last_step))), -1, np.int64),
     ])
-    kept_gpu_rows = rows[gpu_side & np.isin(g.correlation, correlations)]
+    kept_gpu_rows = rows[gpu_side & np.isin(g.correlation, correlations, kind="sort")]
     return np.concatenate([kept_gpu_rows, kept_cpu_gpu_rows])
 
 
@@ -138,10 +141,6 @@ def _aligned_times(trace: Trace) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.
     return start, start + dur
 
 
-def _union_length(start: npt.NDArray[np.int64], end: npt.NDArray[np.float64]) -> float:
-    return intervals.total_length(start, end)
-
-
 def gpu_breakdown(trace: Trace, *, rules: Sequence[KernelRule] = RULES,
                   memory_by_category: bool = True,
                   include_last_step: bool = False) -> GpuBreakdown | None:
@@ -166,7 +165,7 @@ def gpu_breakdown(trace: Trace, *, rules: Sequence[KernelRule] = RULES,
     span = float(all_e[-1] - all_s[0])
     busy = float(all_e.sum() - all_s.sum())
     comp_sorted = order[k[order] == KernelKind.COMPUTATION]
-    compute = _union_length(s[comp_sorted], e[comp_sorted])
+    compute = intervals.total_length(s[comp_sorted], e[comp_sorted])
 
     # overlap: HTA's comm analysis works on the frame in its original order
     comp = k == KernelKind.COMPUTATION
@@ -182,7 +181,7 @@ def gpu_breakdown(trace: Trace, *, rules: Sequence[KernelRule] = RULES,
         compute_us=compute,
         comm_us=comm_len,
         overlap_us=overlap,
-        memory_us=_union_length(s[memory], e[memory]),
+        memory_us=intervals.total_length(s[memory], e[memory]),
         events=int(rows.size),
-        events_dropped=int(len(g) - np.unique(rows).size),
+        events_dropped=int(len(g) - rows.size),  # rows are distinct
     )

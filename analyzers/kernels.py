@@ -112,9 +112,9 @@ def event_kinds(name_ids: npt.NDArray[np.integer], cat_ids: npt.NDArray[np.integ
     ``name_ids``/``cat_ids`` index ``names``/``cats``. With ``memory_by_category``,
     events of category ``gpu_memcpy``/``gpu_memset`` are MEMORY whatever their name.
     """
-    used = np.unique(name_ids)
+    used = np.flatnonzero(np.bincount(name_ids, minlength=len(names)))
     table = np.full(len(names), KernelKind.COMPUTATION, dtype=np.int8)
-    table[used] = classify_names([names[i] for i in used], rules)
+    table[used] = classify_names([names[i] for i in used.tolist()], rules)
     kinds = table[name_ids]
     if memory_by_category:
         memory_cats = [i for i, c in enumerate(cats) if c in MEMORY_CATEGORIES]

@@ -76,6 +76,7 @@ class CollectiveCall:
     start_us: float
     dur_us: float
     on_gpu: bool
+    timing: str = "host"  # "device": kernel time; "host": the operation itself (gloo); "launch": enqueue only
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,7 @@ class RankTrace:
     threads: dict[str, int] = field(default_factory=dict)
     notices: tuple[str, ...] = ()
     pg_config: tuple[dict[str, Any], ...] = ()
+    world_size: int | None = None
 
 
 def profiled_steps(trace: Trace) -> tuple[tuple[StepSpan, ...], int | None]:
@@ -196,6 +198,7 @@ def analyze_rank_trace(trace: Trace) -> RankTrace:
         collectives=tuple(collective_calls(trace, steps)),
         threads={"main": main_tid if main_tid is not None else -1, "backward": len(bwd_tids)},
         notices=tuple(notices),
+        world_size=trace.distributed.world_size if trace.distributed else None,
         pg_config=tuple(
             {"name": p.name, "desc": p.desc, "size": p.size, "ranks": list(p.ranks)}
             for p in (trace.distributed.pg_config if trace.distributed else ())
@@ -269,43 +272,111 @@ def _numel(dims: Any) -> int | None:
     return None
 
 
+OP_ALIASES = (
+    (re.compile(r"all_?reduce|allreduce"), "all_reduce"),
+    (re.compile(r"all_?gather|allgather"), "all_gather"),
+    (re.compile(r"reduce_?scatter"), "reduce_scatter"),
+    (re.compile(r"all_?to_?all|alltoall"), "all_to_all"),
+    (re.compile(r"broadcast"), "broadcast"),
+    (re.compile(r"^_?reduce"), "reduce"),
+    (re.compile(r"barrier"), "barrier"),
+    (re.compile(r"send_?recv|sendrecv"), "send_recv"),
+    (re.compile(r"send"), "send"),
+    (re.compile(r"recv"), "recv"),
+    (re.compile(r"gather"), "gather"),
+    (re.compile(r"scatter"), "scatter"),
+)
+
+
+def normalise_op(name: str) -> str:
+    """'_all_gather_base', 'allgather_into_tensor_coalesced', 'AllGather' -> 'all_gather'."""
+    snake = re.sub(r"(?<=[a-z])(?=[A-Z])", "_", name).lower()
+    for pattern, op in OP_ALIASES:
+        if pattern.search(snake):
+            return op
+    return snake.strip("_")
+
+
 def _op_name(ev: Any) -> str:
     if ev.collective_name:
-        return str(ev.collective_name).lower().replace("_base", "").replace("allreduce", "all_reduce")
+        return normalise_op(str(ev.collective_name))
     name = ev.name
     for prefix in ("gloo:", "nccl:", "ucc:", "mpi:", "xccl:"):
         if name.startswith(prefix):
-            return name[len(prefix):].lower()
+            return normalise_op(name[len(prefix):])
     m = _KERNEL_OP.search(name)
-    if m:
-        return re.sub(r"(?<!^)(?=[A-Z])", "_", m.group(1)).lower()
-    return name
+    return normalise_op(m.group(1) if m else name)
+
+
+def _device_spans(trace: Trace, host: list[Any]) -> list[tuple[float, float] | None]:
+    """For each host collective annotation, the span of the communication kernels it
+    launched (matched through the launch's correlation id), or None."""
+    g = trace.gpu
+    L = trace.launches
+    if len(g) == 0 or len(L) == 0 or not host:
+        return [None] * len(host)
+    kinds = event_kinds(g.name_id, g.cat_id, trace.names, trace.cats)
+    comm = kinds == KernelKind.COMMUNICATION
+    by_corr: dict[int, tuple[float, float]] = {}
+    for c, s, d in zip(g.correlation[comm].tolist(), g.ts_us[comm].tolist(), g.dur_us[comm].tolist()):
+        lo, hi = by_corr.get(c, (s, s + d))
+        by_corr[c] = (min(lo, s), max(hi, s + d))
+    order = np.lexsort((L.ts_us, L.tid))
+    l_tid, l_ts, l_corr = L.tid[order], L.ts_us[order], L.correlation[order]
+    out: list[tuple[float, float] | None] = []
+    for e in host:
+        lo = np.searchsorted(l_tid, e.tid, side="left")
+        hi = np.searchsorted(l_tid, e.tid, side="right")
+        i = lo + np.searchsorted(l_ts[lo:hi], e.ts_us, side="left")
+        j = lo + np.searchsorted(l_ts[lo:hi], e.ts_us + e.dur_us, side="right")
+        spans = [by_corr[c] for c in l_corr[i:j].tolist() if c in by_corr]
+        out.append((min(s for s, _ in spans), max(e for _, e in spans)) if spans else None)
+    return out
+
+
+def _timed_events(trace: Trace) -> list[tuple[Any, float, float, str]]:
+    """(event, start, end, timing) for each collective, in issue order."""
+    evs = list(trace.collectives)
+    on_gpu = [e for e in evs if e.on_gpu and e.collective_name]
+    if on_gpu:
+        return sorted(((e, e.ts_us, e.ts_us + e.dur_us, "device") for e in on_gpu), key=lambda t: t[1])
+    host = [e for e in evs if not e.on_gpu and e.name.startswith(("gloo:", "nccl:", "ucc:", "mpi:", "xccl:"))]
+    if not host:
+        host = [e for e in evs if not e.on_gpu and e.collective_name]
+    host.sort(key=lambda e: e.ts_us)
+    gpu_run = len(trace.gpu) > 0
+    out = []
+    for e, span in zip(host, _device_spans(trace, host)):
+        if span is not None:
+            out.append((e, span[0], span[1], "device"))
+        else:
+            out.append((e, e.ts_us, e.ts_us + e.dur_us, "launch" if gpu_run or e.name.startswith("nccl:") else "host"))
+    return out
 
 
 def collective_calls(trace: Trace, steps: tuple[StepSpan, ...]) -> list[CollectiveCall]:
-    """Collectives in issue order. On GPU runs the NCCL kernels are the collectives
-    (their duration is the device time); on CPU runs the `gloo:*` spans."""
-    evs = list(trace.collectives)
-    gpu = [e for e in evs if e.on_gpu]
-    chosen = gpu if gpu else [e for e in evs if not e.on_gpu and not e.name.startswith(("record_param_comms", "c10d::"))]
-    if not chosen:
-        chosen = [e for e in evs if e.name.startswith("record_param_comms") and e.collective_name]
+    """Collectives in issue order, each timed where its data moves:
+    - NCCL kernels that carry their collective's arguments (recent PyTorch): as they are;
+    - otherwise the host annotation (`nccl:*`, `gloo:*`) with its size; for NCCL the
+      time is that of the kernels it launched (found through the correlation ids); a
+      host annotation whose kernels are not in the trace has no transfer time
+      (`timing="launch"`): NCCL's host side only enqueues the work;
+    - gloo runs the collective on its own threads: the span is the operation."""
     pgs = trace.distributed.pg_config if trace.distributed else ()
     default_pg = pgs[0] if len(pgs) == 1 else None
     starts = np.array([s.start_us for s in steps])
     out = []
-    for e in sorted(chosen, key=lambda e: e.ts_us):
+    for e, t0, t1, timing in _timed_events(trace):
         step = None
         if steps:
             i = int(np.searchsorted(starts, e.ts_us, side="right")) - 1
-            if i >= 0 and e.ts_us <= steps[i].end_us + (steps[i].end_us - steps[i].start_us):
-                step = steps[i].step
+            step = steps[i].step if i >= 0 else None
         size = _dtype_bytes(e.dtype) or _dtype_bytes(e.input_type)
         n = max(e.in_msg_nelems or 0, e.out_msg_nelems or 0) or _numel(e.input_dims)
         op = _op_name(e)
         group = e.group_size or (default_pg.size if default_pg else None)
-        if not e.out_msg_nelems and n and op in ("all_gather", "allgather", "_allgather") and group:
-            n *= group  # gloo records the input shard; the message is the gathered size
+        if not e.out_msg_nelems and n and op == "all_gather" and group:
+            n *= group  # the host records the input shard; the message is the gathered size
         pg = e.pg_name or (default_pg.name if default_pg else "?")
         pg_desc = e.pg_desc or (default_pg.desc if default_pg else "")
         out.append(
@@ -315,9 +386,10 @@ def collective_calls(trace: Trace, steps: tuple[StepSpan, ...]) -> list[Collecti
                 process_group=f"{pg}:{pg_desc}" if pg_desc else str(pg),
                 group_size=group,
                 bytes=n * size if n and size else None,
-                start_us=e.ts_us,
-                dur_us=e.dur_us,
-                on_gpu=e.on_gpu,
+                start_us=t0,
+                dur_us=t1 - t0,
+                on_gpu=timing == "device",
+                timing=timing,
             )
         )
     return out

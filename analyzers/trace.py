@@ -29,14 +29,15 @@ from __future__ import annotations
 
 import gc
 import gzip
+import io
 import json
 import re
 import zlib
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import msgspec
 import numpy as np
@@ -71,6 +72,9 @@ _NO_RAW = msgspec.Raw()
 
 
 class _Args(msgspec.Struct, gc=False):
+    """The ``args`` keys pardiag reads; numbers are ``Any`` so that integers beyond
+    int64 decode (as Python ints) instead of failing the block."""
+
     stream: Any = None
     correlation: Any = None
     external_id: Any = msgspec.field(default=None, name="External id")
@@ -88,6 +92,10 @@ class _Args(msgspec.Struct, gc=False):
 
 
 class _Event(msgspec.Struct, gc=False):
+    """A trace event, reduced to what pardiag reads. ``ph`` is not needed: like HTA,
+    pardiag keeps every event that has a ``dur`` and a ``cat`` (``gc=False``: these
+    objects hold no references that could form cycles)."""
+
     cat: str | None = None
     name: str | None = None
     pid: Any = None
@@ -256,16 +264,12 @@ def _as_opt_int(v: Any) -> int | None:
     return None if v is None else _as_int(v, default=-1)
 
 
-def _stream_of(v: Any) -> int:
-    """HTA's ``normalize_gpu_stream_numbers``: ``int(value)``, -1 when impossible."""
-    return v if type(v) is int else _as_int(v)
-
-
-def _int_column(values: Sequence[Any]) -> I64:
+def _int_column(values: Sequence[Any],
+                dtype: type[np.generic] = np.int64) -> npt.NDArray[np.integer]:
     try:
-        return np.fromiter(values, dtype=np.int64, count=len(values))
+        return np.fromiter(values, dtype=dtype, count=len(values))
     except (OverflowError, TypeError, ValueError):
-        return np.array([_as_int(v) for v in values], dtype=np.int64)
+        return np.array([_as_int(v) for v in values], dtype=dtype)
 
 
 def _float_column(values: Sequence[Any]) -> F64:
@@ -298,16 +302,16 @@ def _raw_value(raw: msgspec.Raw) -> Any:
 
 # --------------------------------------------------------------------------- extraction
 class _Columns:
-    """Per-block column lists of one table, turned into numpy chunks per block."""
+    """Column lists of one table for the current block, turned into numpy chunks at
+    the end of each block and joined (column by column, to bound memory) at the end."""
 
-    def __init__(self, ints: int, floats: int) -> None:
-        self.ints = ints
-        self.floats = floats
-        self.lists: list[list[Any]] = [[] for _ in range(ints + floats)]
-        self.chunks: list[list[npt.NDArray[Any]]] = []
+    def __init__(self, **dtypes: type[np.generic]) -> None:
+        self.dtypes = dtypes
+        self.lists: list[list[Any]] = [[] for _ in dtypes]
+        self.chunks: list[list[npt.NDArray[Any]]] = [[] for _ in dtypes]
 
     def appenders(self) -> list[Any]:
-        """Bound ``append`` of each column list, for the hot loop."""
+        """Bound ``append`` of each column list (in ``dtypes`` order), for hot loops."""
         return [col.append for col in self.lists]
 
     def append(self, *row: Any) -> None:
@@ -317,19 +321,19 @@ class _Columns:
     def flush(self) -> None:
         if not self.lists[0]:
             return
-        arrays = [_int_column(c) for c in self.lists[: self.ints]]
-        arrays += [_float_column(c) for c in self.lists[self.ints:]]
-        for col in self.lists:
-            col.clear()
-        self.chunks.append(arrays)
+        for values, chunks, dtype in zip(self.lists, self.chunks, self.dtypes.values()):
+            chunks.append(_int_column(values, dtype) if issubclass(dtype, np.integer)
+                          else _float_column(values))
+            values.clear()
 
-    def arrays(self) -> list[npt.NDArray[Any]]:
+    def arrays(self) -> dict[str, npt.NDArray[Any]]:
         self.flush()
-        if not self.chunks:
-            return ([np.empty(0, np.int64)] * self.ints
-                    + [np.empty(0, np.float64)] * self.floats)
-        return [np.concatenate([c[i] for c in self.chunks])
-                for i in range(self.ints + self.floats)]
+        out = {}
+        for i, (name, dtype) in enumerate(self.dtypes.items()):
+            chunks, self.chunks[i] = self.chunks[i], []
+            out[name] = np.concatenate(chunks) if chunks else np.empty(0, dtype)
+            del chunks
+        return out
 
 
 class _Extractor:
@@ -341,12 +345,13 @@ class _Extractor:
         self.name_ids: dict[str | None, int] = {}
         self.name_flags: list[int] = []  # _STEP | _SYNC | _COMM bits per name id
         self.cat_ids: dict[str, int] = {}
-        # name, cat, stream, device, correlation, external id | ts, dur
-        self.gpu = _Columns(ints=6, floats=2)
-        # name, cat, pid, tid, external id | ts, dur
-        self.cpu = _Columns(ints=5, floats=2)
-        # name, tid, correlation | ts, dur
-        self.launches = _Columns(ints=3, floats=2)
+        ids, i64, f64 = np.int32, np.int64, np.float64
+        self.gpu = _Columns(name_id=ids, cat_id=ids, stream=i64, device=i64,
+                            correlation=i64, external_id=i64, ts_us=f64, dur_us=f64)
+        self.cpu = _Columns(name_id=ids, cat_id=ids, pid=i64, tid=i64, external_id=i64,
+                            ts_us=f64, dur_us=f64)
+        self.launches = _Columns(name_id=ids, tid=i64, correlation=i64, ts_us=f64,
+                                 dur_us=f64)
         self.steps: list[StepMark] = []
         self.collectives: list[CollectiveEvent] = []
         self.n_events = 0
@@ -393,9 +398,11 @@ class _Extractor:
             if dur is None:
                 continue
             cat = e.cat
-            cid = cat_ids.get(cat)  # type: ignore[arg-type]
+            if cat is None:
+                continue
+            cid = cat_ids.get(cat)
             if cid is None:
-                if cat is None or cat == "Trace":
+                if cat == "Trace":
                     continue
                 cid = self._cat_id(cat)
             ts = e.ts
@@ -408,6 +415,7 @@ class _Extractor:
                 nid = self._name_id(e.name)
             a = e.args
             if a is not None and a.stream is not None:
+                # HTA's normalize_gpu_stream_numbers: int(value), -1 when impossible
                 stream = a.stream if type(a.stream) is int else _as_int(a.stream)
                 if stream != -1:
                     g_name(nid)
@@ -456,28 +464,28 @@ class _Extractor:
         """Rare events whose name matters: steps, sync events, comm annotations."""
         f = self.name_flags[nid]
         name = self.names[nid]
-        on_gpu = gpu_stream is not None
-        corr = -1 if a is None else _as_int(a.correlation)
         if f & _STEP:
-            hta_gpu = on_gpu and gpu_stream >= 0 and corr >= 0  # type: ignore[operator]
-            self._step(name, cat, e.ts, e.dur, hta_gpu)  # type: ignore[arg-type]
-        if a is not None and not on_gpu and a.correlation is not None and not f & _SYNC:
+            corr = -1 if a is None else _as_int(a.correlation)
+            hta_gpu = gpu_stream is not None and gpu_stream >= 0 and corr >= 0
+            self.steps.append(StepMark(name, cat, float(e.ts or 0), float(e.dur or 0),
+                                       hta_gpu))
+        if a is None:
+            return
+        if gpu_stream is None and a.correlation is not None and not f & _SYNC:
             tid = e.tid
             self.launches.append(nid, tid if type(tid) is int else -1, a.correlation,
                                  e.ts, e.dur)
-        if a is not None and (a.collective_name is not None or f & _COMM):
-            tid = gpu_stream if on_gpu else _as_int(e.tid)
-            self._collective(e, a, name, cat, tid, on_gpu=on_gpu)  # type: ignore[arg-type]
-
-    def _step(self, name: str, cat: str, ts: float, dur: float, hta_gpu: bool) -> None:
-        self.steps.append(StepMark(name, cat, float(ts), float(dur), hta_gpu))
+        if a.collective_name is not None or f & _COMM:
+            on_gpu = gpu_stream is not None
+            self._collective(e, a, name, cat, gpu_stream if gpu_stream is not None
+                             else _as_int(e.tid), on_gpu=on_gpu)
 
     def _collective(self, e: _Event, a: _Args, name: str, cat: str, tid: int,
                     on_gpu: bool) -> None:
         cname = a.collective_name
         dtype = a.dtype
         self.collectives.append(CollectiveEvent(
-            name=name, cat=cat, on_gpu=on_gpu, ts_us=float(e.ts), dur_us=float(e.dur),
+            name=name, cat=cat, on_gpu=on_gpu, ts_us=float(e.ts or 0), dur_us=float(e.dur or 0),
             tid=tid, correlation=_as_int(a.correlation), external_id=_as_int(a.external_id),
             collective_name=cname if isinstance(cname, str) else None,
             in_msg_nelems=_as_opt_int(a.in_msg_nelems),
@@ -490,9 +498,6 @@ class _Extractor:
             input_dims=_raw_value(a.input_dims), input_type=_raw_value(a.input_type)))
 
     def finish(self, path: str) -> Trace:
-        g = self.gpu.arrays()
-        c = self.cpu.arrays()
-        lch = self.launches.arrays()
         return Trace(
             path=path,
             distributed=_distributed_info(self.meta.get("distributedInfo")),
@@ -501,13 +506,9 @@ class _Extractor:
             base_time_ns=_as_opt_int(self.meta.get("baseTimeNanoseconds")),
             names=tuple(self.names),
             cats=tuple(self.cat_ids),
-            gpu=GpuEvents(name_id=g[0].astype(np.int32), cat_id=g[1].astype(np.int32),
-                          stream=g[2], device=g[3], correlation=g[4], external_id=g[5],
-                          ts_us=g[6], dur_us=g[7]),
-            cpu=CpuOps(name_id=c[0].astype(np.int32), cat_id=c[1].astype(np.int32),
-                       pid=c[2], tid=c[3], external_id=c[4], ts_us=c[5], dur_us=c[6]),
-            launches=Launches(name_id=lch[0].astype(np.int32), tid=lch[1],
-                              correlation=lch[2], ts_us=lch[3], dur_us=lch[4]),
+            gpu=GpuEvents(**self.gpu.arrays()),
+            cpu=CpuOps(**self.cpu.arrays()),
+            launches=Launches(**self.launches.arrays()),
             steps=tuple(self.steps),
             collectives=tuple(self.collectives),
             n_events=self.n_events,
@@ -562,13 +563,11 @@ def _decode_doc(data: bytes) -> _Doc:
     return _DOC.decode(data.decode("utf-8", "replace").encode("utf-8"))
 
 
-def _open(path: Path) -> IO[bytes]:
-    raw = open(path, "rb")
-    if raw.read(2) == _GZIP_MAGIC:
-        raw.seek(0)
-        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
-    raw.seek(0)
-    return raw
+def _open(path: Path) -> io.BufferedIOBase:
+    """The file's bytes, gunzipped when it is gzip (by content, not by name)."""
+    with open(path, "rb") as raw:
+        magic = raw.read(2)
+    return gzip.open(path, "rb") if magic == _GZIP_MAGIC else open(path, "rb")
 
 
 def _pick_separator(data: bytes | bytearray) -> bytes | None:

@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "analyze": ("analyze", "where each rank's time goes, waiting vs transfer, stragglers"),
     "demo": ("demo", "run the bundled example job on this machine (CPU, 2 ranks) end to end"),
     "merge": ("merge", "join per-node run directories into one"),
+    "report": ("report", "render an HTML report, a markdown PR comment or the JSON of a run"),
 }
 
 EPILOG = """examples:

@@ -76,11 +76,43 @@ def collective_table(a: Analysis, limit: int = 10) -> Table:
     return t
 
 
+def print_nccl(a: Analysis, console: Console) -> None:
+    n = a.nccl
+    console.print(Text(f"NCCL: {n.get('files', 0)} log files, {n.get('nnodes') or '?'} node(s)", style="bold"))
+    for h in n.get("hosts") or []:
+        versions = ", ".join(h.get("versions") or []) or "version ?"
+        net = ", ".join(h.get("networks") or []) or "network ?"
+        boot = ", ".join(h.get("bootstrap_interfaces") or []) or "?"
+        via = ", ".join(f"{k} x{v}" for k, v in (n.get("transports") or {}).get(h.get("host"), {}).items())
+        console.print(Text(f"  {h.get('host')}: {versions}; {net}; bootstrap {boot}" + (f"; {via}" if via else "")))
+    if n.get("init_s_max"):
+        console.print(Text(f"  slowest communicator init: {n['init_s_max']:.1f} s"))
+    for line in (n.get("errors") or [])[:3]:
+        console.print(Text(f"  error: {line}", style="red"))
+
+
+def print_findings(a: Analysis, console: Console, limit: int = 8) -> None:
+    order = {"high": 0, "medium": 1, "low": 2}
+    shown = sorted(a.findings, key=lambda f: (order.get(f.severity, 3), -(f.est_saving_pct or 0)))[:limit]
+    console.print(Text(f"what to change ({len(a.findings)} finding{'s' if len(a.findings) != 1 else ''})", style="bold"))
+    for f in shown:
+        style = {"high": "bold red", "medium": "yellow", "low": "dim"}.get(f.severity, "")
+        saving = f", est. -{f.est_saving_pct:.0f}% step time" if f.est_saving_pct else ""
+        console.print(Text.assemble((f"[{f.severity}] ", style), f"{f.lever}: {f.title}{saving}"))
+        for ev in f.evidence[:2]:
+            console.print(Text(f"    {ev}", style="dim"))
+        for k, v in sorted((f.action.get("env") or {}).items()):
+            console.print(Text(f"    {'unset ' + k if v is None else f'export {k}={v}'}", style="cyan"))
+        if f.action.get("code"):
+            for line in str(f.action["code"]).splitlines()[:6]:
+                console.print(Text(f"    {line}", style="cyan"))
+
+
 def print_summary(a: Analysis, console: Console | None = None, next_for: str | None = None) -> None:
     console = console or Console(highlight=False)
     run = a.run
     head = (
-        f"world size {run.get('world_size')}  backend {run.get('backend') or '?'}  "
+        f"world size {run.get('world_size') or '?'}  backend {run.get('backend') or '?'}  "
         f"device {run.get('device_type') or '?'}  hosts {', '.join(run.get('hosts') or []) or '?'}"
     )
     console.print(Text(head))
@@ -100,6 +132,10 @@ def print_summary(a: Analysis, console: Console | None = None, next_for: str | N
         if len(a.process_groups) > 1:
             console.print(Text(f"group {g.name} ({g.desc or 'no description'}): {g.role}, size {g.size}, "
                                f"{_ms(g.total_us)} ms in collectives, {_ms(g.wait_us)} ms waiting"))
+    if a.nccl:
+        print_nccl(a, console)
+    if a.findings:
+        print_findings(a, console)
     for n in a.notices:
         style = {"error": "red", "warning": "yellow"}.get(n.level, "dim")
         console.print(Text(f"{n.level}: {n.message}", style=style))

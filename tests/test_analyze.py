@@ -102,3 +102,31 @@ def test_duplicate_ranks_and_unranked(tmp_path: Path) -> None:
     assert "two traces claim rank 0" in messages
     assert "z.json: no rank in the trace or its name; taken as rank 1 by order" in messages
     assert [r["rank"] for r in doc["ranks"]] == [0, 1]
+
+
+NCCL_LOGS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "nccl" / "logs"
+
+
+@pytest.mark.skipif(not NCCL_LOGS.is_dir(), reason="reference NCCL logs not present")
+def test_nccl_logs_of_a_run_and_from_the_command_line(two_ranks: Path, tmp_path: Path) -> None:
+    # a run directory whose nccl/ folder holds the logs of its processes
+    run = tmp_path / "run"
+    for r, src in ((0, two_ranks / "a.json"), (1, two_ranks / "b.json.gz")):
+        (run / "ranks" / str(r)).mkdir(parents=True)
+        shutil.copy(src, run / "ranks" / str(r) / ("trace.json" if src.suffix == ".json" else "trace.json.gz"))
+    (run / "nccl").mkdir()
+    shutil.copy(NCCL_LOGS / "08-chimera2-v2193-shm-p2p-level-loc-loopback-bootstrap.log", run / "nccl" / "h.1.log")
+    doc = json.loads(run_pardiag("analyze", str(run), "--json").stdout)
+    assert doc["nccl"]["hosts"][0]["versions"] == ["2.19.3+cuda12.2"]
+    assert doc["nccl"]["transports"]["gpt-dev-ppt"] == {"SHM/direct/direct": 4}
+    levers = [(f["lever"], f["severity"], f["action"]["env"]) for f in doc["findings"]]
+    assert ("nccl_env", "high", {"NCCL_P2P_LEVEL": None}) in levers
+    # a log given on the command line: the watchdog timeout becomes a hang diagnosis
+    res = run_pardiag("analyze", str(two_ranks), "--json", "--nccl-log",
+                      str(NCCL_LOGS / "17-basicsr737-torch-watchdog-allreduce-timeout-pg-guid-format.log"))
+    doc = json.loads(res.stdout)
+    assert doc["nccl"]["hang"]["kind"] == "collective_stuck"
+    assert any(n["message"].startswith("hang: process group 0(default_pg): ranks [0, 1, 2] timed out in ALLREDUCE SeqNum 808")
+               for n in doc["notices"])
+    res = run_pardiag("analyze", str(two_ranks), "--nccl-log", str(tmp_path / "missing.log"))
+    assert res.returncode == 2 and "no such file" in res.stderr

@@ -29,6 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the Analysis as JSON on stdout")
     p.add_argument("--jobs", "-j", type=int, default=None, help="processes that parse traces (default: all cores)")
     p.add_argument("--force", action="store_true", help="ignore a cached analysis.json")
+    p.add_argument("--nccl-log", action="append", default=[], metavar="FILE",
+                   help="also read this NCCL_DEBUG log (or folder of logs); repeatable")
     p.add_argument("--hta", action="store_true",
                    help="also run HolisticTraceAnalysis on GPU traces: idle time (host/kernel wait), "
                         "kernel launch statistics, kernel breakdown")
@@ -36,7 +38,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     path = Path(args.path)
-    a = load_or_analyze(path, jobs=args.jobs, force=args.force, quiet=args.json, use_hta=args.hta)
+    logs = [Path(p) for p in args.nccl_log]
+    for p in logs:
+        if not p.exists():
+            raise UserError(f"--nccl-log {p}: no such file or directory")
+    a = load_or_analyze(path, jobs=args.jobs, force=args.force or bool(logs), quiet=args.json,
+                        use_hta=args.hta, nccl_logs=logs)
     if args.json:
         sys.stdout.write(a.to_json() + "\n")
     else:
@@ -62,7 +69,12 @@ def cache_is_fresh(run: rundir.RunDir) -> bool:
 
 
 def load_or_analyze(
-    path: Path, jobs: int | None = None, force: bool = False, quiet: bool = False, use_hta: bool = False
+    path: Path,
+    jobs: int | None = None,
+    force: bool = False,
+    quiet: bool = False,
+    use_hta: bool = False,
+    nccl_logs: list[Path] | None = None,
 ) -> model.Analysis:
     if path.is_file() and path.name.endswith("analysis.json"):
         return model.load(path)
@@ -75,7 +87,7 @@ def load_or_analyze(
                 return cached
         except UserError:
             pass  # an older or broken cache: analyse again
-    a = analyze_with_progress(path, jobs, quiet, use_hta)
+    a = analyze_with_progress(path, jobs, quiet, use_hta, nccl_logs or [])
     if run is not None:
         try:
             rundir.atomic_write_text(run.analysis, a.to_json() + "\n")
@@ -84,7 +96,9 @@ def load_or_analyze(
     return a
 
 
-def analyze_with_progress(path: Path, jobs: int | None, quiet: bool, use_hta: bool = False) -> model.Analysis:
+def analyze_with_progress(
+    path: Path, jobs: int | None, quiet: bool, use_hta: bool = False, nccl_logs: list[Path] | None = None
+) -> model.Analysis:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -92,7 +106,7 @@ def analyze_with_progress(path: Path, jobs: int | None, quiet: bool, use_hta: bo
 
     console = Console(stderr=True)
     if quiet or not console.is_terminal:
-        return analyze_path(path, jobs=jobs, use_hta=use_hta)
+        return analyze_path(path, jobs=jobs, use_hta=use_hta, nccl_logs=nccl_logs or [])
     with Progress(TextColumn("reading traces"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as bar:
         task = bar.add_task("traces", total=None)
@@ -100,4 +114,4 @@ def analyze_with_progress(path: Path, jobs: int | None, quiet: bool, use_hta: bo
         def progress(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
 
-        return analyze_path(path, jobs=jobs, progress=progress, use_hta=use_hta)
+        return analyze_path(path, jobs=jobs, progress=progress, use_hta=use_hta, nccl_logs=nccl_logs or [])

@@ -1,0 +1,75 @@
+"""`pardiag report PATH [-o FILE] [--format html|md|json]`"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pardiag import rundir
+from pardiag.analysis import Analysis
+from pardiag.errors import UserError
+
+DESCRIPTION = """Render a report of a run directory, a folder of plain torch.profiler
+traces, one trace file, or an analysis.json (`pardiag analyze --json` output).
+
+html: one self-contained file that works offline (charts, tables, findings with the
+change to make); written to -o, else into the run directory, else ./report.html.
+md: a summary sized for a pull-request comment. json: the Analysis.
+md and json go to stdout unless -o is given."""
+
+EPILOG = """examples:
+  pardiag report pardiag-runs/exp1
+  pardiag report pardiag-runs/exp1 --format md > comment.md
+  pardiag report traces/ -o traces-report.html
+  pardiag report analysis.json --format md -o summary.md
+"""
+
+FORMATS = ("html", "md", "json")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="run directory, folder of traces, trace file, or analysis.json")
+    p.add_argument("-o", "--output", metavar="FILE", help="write here (html default: RUN/report.html or ./report.html)")
+    p.add_argument("--format", choices=FORMATS, default="html", help="html (default), md or json")
+    p.add_argument("--jobs", "-j", type=int, default=None, help="processes that parse traces (default: all cores)")
+    p.add_argument("--force", action="store_true", help="ignore a cached analysis.json")
+
+
+def render(a: Analysis, fmt: str) -> str:
+    if fmt == "html":
+        from pardiag.report_html import render_html
+
+        return render_html(a)
+    if fmt == "md":
+        from pardiag.report_md import render_markdown
+
+        return render_markdown(a)
+    return a.to_json() + "\n"
+
+
+def default_output(path: Path) -> Path:
+    return path / "report.html" if rundir.is_run_dir(path) else Path("report.html")
+
+
+def execute(args: argparse.Namespace) -> int:
+    from pardiag.commands.analyze import load_or_analyze
+
+    path = Path(args.path)
+    a = load_or_analyze(path, jobs=args.jobs, force=args.force, quiet=args.format != "html")
+    text = render(a, args.format)
+    if args.output is None and args.format != "html":
+        sys.stdout.write(text)
+        return 0
+    out = Path(args.output) if args.output else default_output(path)
+    try:
+        rundir.atomic_write_text(out, text, durable=False)
+    except OSError as e:
+        raise UserError(f"cannot write {out}: {e.strerror or e}") from None
+    size = len(text.encode("utf-8"))
+    print(f"pardiag: wrote {out} ({_size(size)})")
+    return 0
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"

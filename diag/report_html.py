@@ -1,0 +1,400 @@
+"""The HTML report: one self-contained file that works offline.
+
+Figures are pure functions (Analysis -> plotly Figure or None), each embedded with a
+stable div id; plotly.js is inlined once; the page is a Jinja2 template with autoescape
+on. Same Analysis, same bytes. Text that came from a trace or a command line reaches
+the page only through autoescaping (template) or `html.escape` + plotly's JSON escaping
+(figures: plotly draws a subset of HTML in labels and decodes entities as text).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import jinja2
+import plotly.graph_objects as go
+from markupsafe import Markup
+from plotly.offline import get_plotlyjs
+
+from pardiag import style
+from pardiag.analysis import Analysis, Collective, RankResult
+from pardiag.report_md import (
+    FULL_TABLE_RANKS,
+    PERCENTILES,
+    WORST_N,
+    action_env_text,
+    clip,
+    headline,
+    ms,
+    ordered_findings,
+    pct,
+    per_step_us,
+    quantile,
+    rank_ranges,
+    share,
+    step_us,
+    worst_ranks,
+)
+
+BAR_RANKS = 64  # past this many ranks: heatmaps and percentiles instead of one bar per rank
+TOP_COLLECTIVES_CHART = 15
+MAX_TABLE_ROWS = 50
+MAX_NOTICES = 200
+MAX_FACTS = 60
+FONT = "-apple-system, BlinkMacSystemFont, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif"
+GRID = "#e6e9ee"
+TEXT = "#1f2933"
+PLOTLY_CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["lasso2d", "select2d"]}
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+
+
+# -- figures ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Series:
+    label: str
+    colour: str
+    values: list[float | None]  # one per rank, in display units
+
+
+def _label(s: object, limit: int = 48) -> str:
+    """Untrusted text for a plotly label: clipped, and escaped so that plotly shows it as text."""
+    return html.escape(clip(s, limit), quote=False)
+
+
+def _layout(height: int, **kw: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "template": "none",
+        "height": height,
+        "margin": {"l": 80, "r": 24, "t": 36, "b": 44},
+        "font": {"family": FONT, "size": 12, "color": TEXT},
+        "paper_bgcolor": "#ffffff",
+        "plot_bgcolor": "#ffffff",
+        "legend": {"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom", "traceorder": "normal"},
+        "hoverlabel": {"font": {"family": FONT, "size": 12}},
+        "xaxis": {"gridcolor": GRID, "zeroline": False, "automargin": True},
+        "yaxis": {"gridcolor": GRID, "zeroline": False, "automargin": True},
+    }
+    for k, v in kw.items():
+        base[k] = {**base[k], **v} if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+    return base
+
+
+def _round(v: float | None, digits: int = 2) -> float | None:
+    return None if v is None else round(v, digits)
+
+
+def _per_rank_figure(ranks: Sequence[RankResult], series: list[Series], unit: str, stacked_title: str) -> go.Figure:
+    """Stacked horizontal bars, one per rank; past BAR_RANKS a heatmap rank x category."""
+    if len(ranks) > BAR_RANKS:
+        z = [[_round(v) for v in s.values] for s in series]
+        trace = go.Heatmap(
+            x=[r.rank for r in ranks], y=[s.label for s in series], z=z,
+            colorscale="Blues", colorbar={"title": {"text": unit}, "thickness": 12},
+            hovertemplate="rank %{x}<br>%{y}: %{z}" + f" {unit}<extra></extra>", xgap=0, ygap=1,
+        )
+        return go.Figure(trace, _layout(90 + 34 * len(series), xaxis={"title": {"text": "rank"}},
+                                        yaxis={"autorange": "reversed"}))
+    labels = [f"rank {r.rank}" for r in ranks]
+    traces = [
+        go.Bar(name=s.label, y=labels, x=[_round(v) for v in s.values], orientation="h",
+               marker={"color": s.colour, "line": {"width": 0}},
+               hovertemplate="%{y}<br>" + s.label + ": %{x}" + f" {unit}<extra></extra>")
+        for s in series
+    ]
+    height = 110 + max(2, len(ranks)) * 20
+    return go.Figure(traces, _layout(height, barmode="stack", bargap=0.25,
+                                     xaxis={"title": {"text": stacked_title}},
+                                     yaxis={"autorange": "reversed", "type": "category"}))
+
+
+def breakdown_figure(a: Analysis) -> go.Figure | None:
+    ranks = [r for r in a.ranks if r.window_us > 0]
+    if not ranks:
+        return None
+    series = [Series(style.CATEGORY_LABELS[k], style.CATEGORY_COLOURS[k],
+                     [100.0 * (share(r, k) or 0.0) for r in ranks]) for k in style.CATEGORY_LABELS]
+    return _per_rank_figure(ranks, series, "%", "% of the profiled window")
+
+
+def phases_figure(a: Analysis) -> go.Figure | None:
+    ranks = [r for r in a.ranks if r.steps_profiled > 0 and any(r.phases_us.values())]
+    if not ranks:
+        return None
+    series = [Series(style.PHASE_LABELS[k], style.PHASE_COLOURS[k],
+                     [(per_step_us(r, r.phases_us.get(k, 0.0)) or 0.0) / 1000 for r in ranks]) for k in style.PHASE_LABELS]
+    return _per_rank_figure(ranks, series, "ms", "ms per profiled step")
+
+
+def gpu_figure(a: Analysis) -> go.Figure | None:
+    ranks = [r for r in a.ranks if r.gpu is not None and r.gpu.span_us > 0]
+    if not ranks:
+        return None
+
+    def parts(r: RankResult) -> dict[str, float]:
+        g = r.gpu
+        assert g is not None
+        busy = g.compute_us + g.comm_us - g.overlap_us
+        return {"compute_only": g.compute_us - g.overlap_us, "overlap": g.overlap_us,
+                "comm_only": g.comm_us - g.overlap_us, "memory": max(0.0, g.span_us - g.idle_us - busy),
+                "idle": g.idle_us}
+
+    shares = [{k: 100.0 * max(0.0, v) / (r.gpu.span_us if r.gpu else 1.0) for k, v in parts(r).items()} for r in ranks]
+    series = [Series(style.GPU_LABELS[k], style.GPU_COLOURS[k], [s[k] for s in shares]) for k in style.GPU_LABELS]
+    return _per_rank_figure(ranks, series, "%", "% of the GPU timeline (first to last kernel)")
+
+
+def step_time_figure(a: Analysis) -> go.Figure | None:
+    ranks = [r for r in a.ranks if r.step_time_us.p50 is not None]
+    if not ranks:
+        return None
+
+    def col(get: Callable[[RankResult], float | None]) -> list[float | None]:
+        return [_round(None if (v := get(r)) is None else v / 1000) for r in ranks]
+
+    p50, p90, mx = col(lambda r: r.step_time_us.p50), col(lambda r: r.step_time_us.p90), col(lambda r: r.step_time_us.max)
+    marker = {"p50": ("#2f5f9e", "circle"), "p90": ("#e0903a", "diamond"), "max": ("#c0392b", "line-ns-open")}
+    if len(ranks) > BAR_RANKS:
+        x = [r.rank for r in ranks]
+        traces = [go.Scatter(x=x, y=v, mode="markers", name=name,
+                             marker={"color": marker[name][0], "size": 4 if name != "p50" else 5},
+                             hovertemplate="rank %{x}<br>" + name + ": %{y} ms<extra></extra>")
+                  for name, v in (("max", mx), ("p90", p90), ("p50", p50))]
+        return go.Figure(traces, _layout(360, xaxis={"title": {"text": "rank"}}, yaxis={"title": {"text": "step time (ms)"}}))
+    labels = [f"rank {r.rank}" for r in ranks]
+    span = [None if lo is None or hi is None else _round(hi - lo) for lo, hi in zip(p50, mx)]
+    traces = [go.Bar(y=labels, x=span, base=p50, orientation="h", name="p50 to max", width=0.3,
+                     marker={"color": "#d5dbe3", "line": {"width": 0}}, hoverinfo="skip")]
+    for name, v in (("p50", p50), ("p90", p90), ("max", mx)):
+        colour, symbol = marker[name]
+        traces.append(go.Scatter(y=labels, x=v, mode="markers", name=name,
+                                 marker={"color": colour, "symbol": symbol, "size": 10 if name != "max" else 14,
+                                         "line": {"width": 2, "color": colour}},
+                                 hovertemplate="%{y}<br>" + name + ": %{x} ms<extra></extra>"))
+    height = 110 + max(2, len(ranks)) * 22
+    return go.Figure(traces, _layout(height, xaxis={"title": {"text": "step time (ms), all steps"}, "rangemode": "tozero"},
+                                     yaxis={"autorange": "reversed", "type": "category"}))
+
+
+def _collective_labels(cs: Sequence[Collective]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for c in cs:
+        base = _label(f"{c.op} · {c.process_group}", 56)
+        seen[base] = seen.get(base, 0) + 1
+        out.append(base if seen[base] == 1 else f"{base} ({seen[base]})")
+    return out
+
+
+def collectives_figure(a: Analysis) -> go.Figure | None:
+    top = top_collectives(a)[:TOP_COLLECTIVES_CHART]
+    if not top:
+        return None
+    labels = _collective_labels(top)
+    traces = [
+        go.Bar(y=labels, x=[_round(c.transfer_us / 1000, 3) for c in top], orientation="h", name="transfer",
+               marker={"color": style.TRANSFER_COLOUR}, hovertemplate="%{y}<br>transfer: %{x} ms<extra></extra>"),
+        go.Bar(y=labels, x=[_round(c.wait_us / 1000, 3) for c in top], orientation="h", name="wait",
+               marker={"color": style.WAIT_COLOUR}, hovertemplate="%{y}<br>wait: %{x} ms<extra></extra>"),
+    ]
+    return go.Figure(traces, _layout(110 + max(2, len(top)) * 26, barmode="stack", bargap=0.3,
+                                     xaxis={"title": {"text": "ms in the profiled window (mean over ranks)"}},
+                                     yaxis={"autorange": "reversed", "type": "category"}))
+
+
+FIGURES: tuple[tuple[str, Callable[[Analysis], go.Figure | None]], ...] = (
+    ("fig-breakdown", breakdown_figure),
+    ("fig-phases", phases_figure),
+    ("fig-step-time", step_time_figure),
+    ("fig-gpu", gpu_figure),
+    ("fig-collectives", collectives_figure),
+)
+
+
+def _embed(fig: go.Figure, div_id: str) -> Markup:
+    """A figure as a div + script. plotly's JSON writer escapes <, > and / as \\u003c...,
+    so no string in the data can close the <script>; checked here all the same."""
+    fragment = fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
+                           config={**PLOTLY_CONFIG, "toImageButtonOptions": {"filename": div_id}})
+    if fragment.lower().count("</script") != 1:
+        raise AssertionError(f"{div_id}: figure JSON would break out of its <script>")
+    return Markup(fragment)  # noqa: S704 - plotly's output, JSON-escaped, checked above
+
+
+def figures(a: Analysis) -> dict[str, Markup]:
+    out = {}
+    for div_id, build in FIGURES:
+        fig = build(a)
+        if fig is not None:
+            out[div_id] = _embed(fig, div_id)
+    return out
+
+
+# -- tables and facts for the template ----------------------------------------------------------
+
+
+def top_collectives(a: Analysis) -> list[Collective]:
+    return sorted(a.collectives, key=lambda c: (-c.total_us, c.op, c.process_group))
+
+
+def _rank_row(r: RankResult, stragglers: set[int]) -> dict[str, Any]:
+    st = r.step_time_us
+    return {
+        "rank": r.rank, "host": r.host or "?", "straggler": r.rank in stragglers,
+        "p50": ms(st.p50), "p90": ms(st.p90), "max": ms(st.max), "n": st.n,
+        "prof": ms(per_step_us(r, r.window_us)), "steps": r.steps_profiled,
+        "shares": [pct(share(r, k)) for k in style.CATEGORY_LABELS],
+        "wait": ms(per_step_us(r, r.wait_us)),
+        "trace": "complete" if r.trace_complete else ("partial" if r.trace else "none"),
+    }
+
+
+def _percentile_rows(ranks: Sequence[RankResult]) -> list[dict[str, Any]]:
+    getters: list[tuple[Callable[[RankResult], float | None], Callable[[float | None], str]]] = [
+        (lambda r: r.step_time_us.p50, ms), (lambda r: r.step_time_us.p90, ms), (lambda r: r.step_time_us.max, ms),
+        (lambda r: per_step_us(r, r.window_us), ms),
+        *((lambda r, k=k: share(r, k), pct) for k in style.CATEGORY_LABELS),
+        (lambda r: per_step_us(r, r.wait_us), ms),
+    ]
+    rows = []
+    for name, q in PERCENTILES:
+        cells = [fmt(quantile([v for r in ranks if (v := get(r)) is not None], q)) for get, fmt in getters]
+        rows.append({"name": name, "cells": cells})
+    return rows
+
+
+def _fact_text(key: str, v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, (int, float)):
+        if key.endswith("_us"):
+            return f"{v / 1000:,.2f} ms"
+        return f"{v:,}" if isinstance(v, int) else f"{v:,.4g}"
+    if isinstance(v, list) and all(not isinstance(x, (dict, list)) for x in v):
+        shown = ", ".join(str(x) for x in v[:20])
+        return clip(shown + (f", … ({len(v)} in all)" if len(v) > 20 else ""), 300)
+    if isinstance(v, (dict, list)):
+        return clip(json.dumps(v, sort_keys=True, default=str), 300)
+    return clip(v, 300)
+
+
+def _fact_table(rows: list[Mapping[str, Any]]) -> dict[str, Any]:
+    columns = sorted({str(k) for row in rows[:20] for k in row})[:8]
+    body = [[clip(_fact_text(c, row.get(c)), 80) for c in columns] for row in rows[:20]]
+    return {"columns": columns, "rows": body, "more": max(0, len(rows) - 20)}
+
+
+def generic_facts(d: Mapping[str, Any], prefix: str = "", depth: int = 0) -> list[dict[str, Any]]:
+    """Key facts of a free-form dict (nccl, telemetry, scaling): nested keys flattened
+    two levels deep, lists of records as small tables; bounded in size."""
+    out: list[dict[str, Any]] = []
+    for k in sorted(d, key=str):
+        v, key = d[k], f"{prefix}{k}"
+        if isinstance(v, Mapping) and v and depth < 2:
+            out += generic_facts(v, key + ".", depth + 1)
+        elif isinstance(v, list) and v and all(isinstance(x, Mapping) for x in v):
+            out.append({"key": key, "table": _fact_table(v)})
+        else:
+            out.append({"key": key, "text": _fact_text(str(k), v)})
+    return out[:MAX_FACTS]
+
+
+def _run_facts(a: Analysis) -> list[tuple[str, str]]:
+    run = a.run
+    hosts = list(run.get("hosts") or [])
+    prof = run.get("profiler") or {}
+    sched = prof.get("schedule") or {}
+    window = ", ".join(f"{k} {sched[k]}" for k in ("skip_first", "wait", "warmup", "active", "repeat") if k in sched)
+    options = [k for k in ("record_shapes", "profile_memory", "with_stack") if prof.get(k)]
+    versions = run.get("versions") or {}
+    steps = sorted({r.steps_profiled for r in a.ranks})
+    rows = [
+        ("world size", str(run.get("world_size") if run.get("world_size") is not None else "?")),
+        ("ranks analysed", f"{len(a.ranks)}" + (f" ({rank_ranges(r.rank for r in a.ranks)})" if a.ranks else "")),
+        ("hosts", clip(", ".join(hosts[:16]) + (f", … ({len(hosts)} in all)" if len(hosts) > 16 else ""), 400) or "?"),
+        ("backend", str(run.get("backend") or "?")),
+        ("device", str(run.get("device_type") or "?")),
+        ("launcher", str(run.get("launcher") or "?")),
+        ("exit code", "-" if run.get("exit_code") is None else str(run.get("exit_code"))),
+        ("versions", ", ".join(f"{k} {v}" for k, v in sorted(versions.items()) if v) or "?"),
+        ("profiler window", (f"schedule {window}" if window else "?") + (f"; {', '.join(options)}" if options else "")),
+        ("steps profiled", ", ".join(str(s) for s in steps) + " per rank" if steps else "-"),
+        ("source", str(run.get("path") or "?")),
+    ]
+    return [(k, clip(v, 400)) for k, v in rows]
+
+
+def _command(a: Analysis) -> str:
+    cmd = a.run.get("command")
+    if isinstance(cmd, list):
+        import shlex
+
+        return clip(shlex.join(str(x) for x in cmd), 4000)
+    return clip(cmd, 4000) if cmd else ""
+
+
+def _doc_link(doc: Any) -> str | None:
+    return doc if isinstance(doc, str) and re.match(r"https?://[^\s\"'<>]+$", doc) else None
+
+
+def _finding_view(n: int, f: Any) -> dict[str, Any]:
+    code = f.action.get("code") if isinstance(f.action.get("code"), str) else None
+    env = f.action.get("env") if isinstance(f.action.get("env"), dict) else None
+    return {
+        "id": f"finding-{n}", "severity": f.severity, "lever": f.lever, "title": f.title,
+        "evidence": f.evidence, "ranks": rank_ranges(f.ranks) if f.ranks else "",
+        "saving": f"{f.est_saving_pct:.0f}%" if f.est_saving_pct else None,
+        "code": code, "env": action_env_text(env) if env else None, "doc": _doc_link(f.action.get("doc")),
+    }
+
+
+def _context(a: Analysis) -> dict[str, Any]:
+    h = headline(a)
+    straggler_ranks = {s.rank for s in a.stragglers}
+    many = len(a.ranks) > BAR_RANKS
+    findings = ordered_findings(a)
+    collectives = top_collectives(a)
+    extra = [(name, title, d) for name, title, d in (
+        ("nccl", "NCCL", a.nccl), ("telemetry", "GPU telemetry", a.telemetry),
+        ("scaling", "Scaling", a.scaling or {}), ("hta", "HTA cross-check", a.hta or {})) if d]
+    return {
+        "a": a, "h": h, "ms": ms, "pct": pct, "command": _command(a), "run_facts": _run_facts(a),
+        "colours": style, "labels": list(style.CATEGORY_LABELS.values()),
+        "many": many, "bar_ranks": BAR_RANKS, "full_table_limit": FULL_TABLE_RANKS,
+        "rank_rows": [_rank_row(r, straggler_ranks) for r in (worst_ranks(a, WORST_N) if many else a.ranks)],
+        "percentile_rows": _percentile_rows(a.ranks) if many else [],
+        "untimed": sum(1 for r in a.ranks if step_us(r) is None),
+        "stragglers": sorted(a.stragglers, key=lambda s: (-s.excess_us_per_step, s.rank))[:MAX_TABLE_ROWS],
+        "findings": [_finding_view(n, f) for n, f in enumerate(findings)],
+        "collectives": collectives[:MAX_TABLE_ROWS], "collectives_total": len(collectives),
+        "groups": [(g, rank_ranges(g.ranks)) for g in a.process_groups[:MAX_TABLE_ROWS]],
+        "notices": sorted(a.notices, key=lambda n: {"error": 0, "warning": 1}.get(n.level, 2))[:MAX_NOTICES],
+        "extra": [(name, title, generic_facts(d)) for name, title, d in extra],
+        "charts": figures(a),
+    }
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.globals["plotlyjs"] = Markup(get_plotlyjs())  # noqa: S704 - the library itself, not data
+    return env
+
+
+def render_html(a: Analysis) -> str:
+    """The report as one HTML document (a few MB, mostly plotly.js)."""
+    return _environment().get_template("report.html.j2").render(**_context(a))
