@@ -56,7 +56,7 @@ def _summarise(inp: RankInput) -> TraceSummary:
         return TraceSummary(inp.rank, None, None, None, None, str(e))
     except MemoryError:
         return TraceSummary(inp.rank, None, None, None, None, f"{inp.trace}: out of memory while reading")
-    result = analyze_rank_trace(trace)
+    result = analyze_rank_trace(trace, drop_last_step=not inp.trace_complete)
     g = gpu_breakdown(trace)
     gpu = (
         GpuTime(

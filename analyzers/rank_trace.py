@@ -124,9 +124,13 @@ def _select(trace: Trace, mask: npt.NDArray[np.bool_]) -> Intervals:
     return trace.cpu.ts_us[mask], trace.cpu.ts_us[mask] + trace.cpu.dur_us[mask]
 
 
-def analyze_rank_trace(trace: Trace) -> RankTrace:
+def analyze_rank_trace(trace: Trace, drop_last_step: bool = False) -> RankTrace:
+    """`drop_last_step` for a window cut short by the process exiting: its last
+    `ProfilerStep` is the unfinished step (or the script's tail after the loop)."""
     steps, main_tid = profiled_steps(trace)
     notices: list[str] = []
+    if drop_last_step and len(steps) > 1:
+        steps = steps[:-1]
     if not steps:
         notices.append("no ProfilerStep in the trace: the window is the whole trace")
         lo = float(trace.min_ts_us) if math.isfinite(trace.min_ts_us) else 0.0

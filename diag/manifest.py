@@ -82,24 +82,7 @@ def _collector_status(
         with_steps = [r for r, i in ranks.items() if i["steps"]]
         status["steps"] = _coverage(with_steps, expected, "steps.jsonl")
         status["meta"] = _coverage(list(metas), expected, "meta.json")
-        prof = {r: (m.get("profiler") or {}) for r, m in metas.items()}
-        ok = [r for r, p in prof.items() if p.get("status") == "ok"]
-        selected = [r for r, p in prof.items() if p.get("status") != "skipped" or "--ranks" not in str(p.get("reason"))]
-        problems = {
-            str(r): f"{p.get('status')}: {p.get('reason')}"
-            for r, p in prof.items()
-            if p.get("status") not in ("ok",) and not ("--ranks" in str(p.get("reason")) or "off" in str(p.get("reason")))
-        }
-        st = "ok" if ok and not problems and not missing else ("partial" if ok else "failed")
-        if all(p.get("reason") == "profiling is off" for p in prof.values()) and prof:
-            st = "skipped"
-        status["profiler"] = {
-            "status": st,
-            "ranks_with_trace": sorted(ok),
-            "ranks_selected": sorted(selected),
-            "problems": problems,
-            "reason": None if st == "ok" else ("; ".join(f"rank {r}: {v}" for r, v in sorted(problems.items())) or None),
-        }
+        status["profiler"] = _profiler_status({r: (m.get("profiler") or {}) for r, m in metas.items()}, missing)
     status["missing_ranks"] = missing
 
     logs = [p for p in run.nccl_dir.glob("*.log") if p.stat().st_size > 0] if run.nccl_dir.is_dir() else []
@@ -132,6 +115,35 @@ def _collector_status(
             "files": [p.name for p in boot],
         }
     return status
+
+
+def _profiler_status(prof: dict[int, dict[str, Any]], missing: list[int]) -> dict[str, Any]:
+    """ok: every profiled rank has a complete trace; partial: some trace; failed: none.
+    Ranks left out on purpose (--ranks, --no-profile) do not count."""
+    chosen = {r: p for r, p in prof.items() if not _left_out(p)}
+    with_trace = sorted(r for r, p in chosen.items() if p.get("status") in ("ok", "partial"))
+    problems = {str(r): f"{p.get('status')}: {p.get('reason')}" for r, p in chosen.items() if p.get("status") != "ok"}
+    if not chosen:
+        st = "skipped"
+    elif not problems and not missing:
+        st = "ok"
+    else:
+        st = "partial" if with_trace else "failed"
+    reason = "; ".join(f"rank {r}: {v}" for r, v in sorted(problems.items(), key=lambda kv: int(kv[0])))
+    if not chosen and prof:
+        reason = next(iter(prof.values())).get("reason") or ""
+    return {
+        "status": st,
+        "ranks_with_trace": with_trace,
+        "ranks_selected": sorted(chosen),
+        "problems": problems,
+        "reason": reason or None,
+    }
+
+
+def _left_out(p: dict[str, Any]) -> bool:
+    reason = str(p.get("reason") or "")
+    return p.get("status") == "skipped" and ("--ranks" in reason or reason == "profiling is off")
 
 
 def _coverage(have: list[int], expected: set[int], what: str) -> dict[str, Any]:

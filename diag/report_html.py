@@ -45,6 +45,7 @@ BAR_RANKS = 64  # past this many ranks: heatmaps and percentiles instead of one 
 TOP_COLLECTIVES_CHART = 15
 MAX_TABLE_ROWS = 50
 MAX_NOTICES = 200
+NOTICES_SHOWN = 8  # the rest folded
 MAX_FACTS = 60
 FONT = "-apple-system, BlinkMacSystemFont, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif"
 GRID = "#e6e9ee"
@@ -301,9 +302,9 @@ def generic_facts(d: Mapping[str, Any], prefix: str = "", depth: int = 0) -> lis
         if isinstance(v, Mapping) and v and depth < 2:
             out += generic_facts(v, key + ".", depth + 1)
         elif isinstance(v, list) and v and all(isinstance(x, Mapping) for x in v):
-            out.append({"key": key, "table": _fact_table(v)})
+            out.append({"key": key, "text": None, "table": _fact_table(v)})
         else:
-            out.append({"key": key, "text": _fact_text(str(k), v)})
+            out.append({"key": key, "text": _fact_text(str(k), v), "table": None})
     return out[:MAX_FACTS]
 
 
@@ -329,7 +330,8 @@ def _run_facts(a: Analysis) -> list[tuple[str, str]]:
         ("steps profiled", ", ".join(str(s) for s in steps) + " per rank" if steps else "-"),
         ("source", str(run.get("path") or "?")),
     ]
-    return [(k, clip(v, 400)) for k, v in rows]
+    keep = {"world size", "ranks analysed", "source"}
+    return [(k, clip(v, 400)) for k, v in rows if k in keep or v not in ("?", "-", "")]
 
 
 def _command(a: Analysis) -> str:
@@ -367,6 +369,8 @@ def _context(a: Analysis) -> dict[str, Any]:
         ("scaling", "Scaling", a.scaling or {}), ("hta", "HTA cross-check", a.hta or {})) if d]
     return {
         "a": a, "h": h, "ms": ms, "pct": pct, "command": _command(a), "run_facts": _run_facts(a),
+        "setup": " · ".join(x for x in (f"{h.hosts} host{'' if h.hosts == 1 else 's'}" if h.hosts else "",
+                                         str(a.run.get("backend") or ""), str(a.run.get("device_type") or "")) if x),
         "colours": style, "labels": list(style.CATEGORY_LABELS.values()),
         "many": many, "bar_ranks": BAR_RANKS, "full_table_limit": FULL_TABLE_RANKS,
         "rank_rows": [_rank_row(r, straggler_ranks) for r in (worst_ranks(a, WORST_N) if many else a.ranks)],
@@ -377,6 +381,7 @@ def _context(a: Analysis) -> dict[str, Any]:
         "collectives": collectives[:MAX_TABLE_ROWS], "collectives_total": len(collectives),
         "groups": [(g, rank_ranges(g.ranks)) for g in a.process_groups[:MAX_TABLE_ROWS]],
         "notices": sorted(a.notices, key=lambda n: {"error": 0, "warning": 1}.get(n.level, 2))[:MAX_NOTICES],
+        "notices_shown": NOTICES_SHOWN,
         "extra": [(name, title, generic_facts(d)) for name, title, d in extra],
         "charts": figures(a),
     }

@@ -123,17 +123,14 @@ def clip(s: object, limit: int = MAX_TEXT) -> str:
 
 # -- markdown ---------------------------------------------------------------------------------
 
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
-_MD_ENTITIES = (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ("@", "&#64;"), ("#", "&#35;"))
+_MD_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "@": "&#64;", "#": "&#35;"}
+_MD_SPECIAL = re.compile(r"[&<>@#\\`*_\[\]|~]")
 
 
 def md_text(s: object, limit: int = MAX_TEXT) -> str:
     """Untrusted text as literal markdown: no HTML, no emphasis, no table cells,
     no @mentions or #references; one line, clipped."""
-    text = clip(s, limit)
-    for raw, entity in _MD_ENTITIES:
-        text = text.replace(raw, entity)
-    return _MD_SPECIAL.sub(r"\\\1", text)
+    return _MD_SPECIAL.sub(lambda m: _MD_ENTITIES.get(m[0], "\\" + m[0]), clip(s, limit))
 
 
 def md_code_block(code: str, lang: str = "") -> list[str]:
@@ -200,7 +197,7 @@ def _rank_lines(a: Analysis) -> list[str]:
     if len(a.ranks) <= FULL_TABLE_RANKS:
         return [*out, *_table(RANK_HEADER, (_rank_row(r, stragglers) for r in a.ranks), right_from=2), ""]
     out += [f"Across {len(a.ranks)} ranks:", ""]
-    out += _table(("across ranks", *RANK_HEADER[2:]), _percentile_rows(a)), ""
+    out += [*_table(("across ranks", *RANK_HEADER[2:]), _percentile_rows(a)), ""]
     worst = worst_ranks(a)
     if worst:
         out += [f"The {len(worst)} slowest ranks by median step time:", ""]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import numpy as np
 import pytest
 
@@ -15,7 +17,10 @@ from pardiag.analyzers.kernels import (
     event_kinds,
 )
 
-hta_utils = pytest.importorskip("hta.utils.utils", reason="HolisticTraceAnalysis not installed")
+
+@pytest.fixture(scope="module")
+def hta_utils() -> ModuleType:
+    return pytest.importorskip("hta.utils.utils", reason="HolisticTraceAnalysis not installed")
 
 
 @pytest.mark.parametrize("rule", RULES, ids=[r.source for r in RULES])
@@ -27,7 +32,7 @@ def test_row_classifies_its_examples(rule: KernelRule) -> None:
 
 
 @pytest.mark.parametrize("rule", RULES, ids=[r.source for r in RULES])
-def test_row_agrees_with_hta_when_marked(rule: KernelRule) -> None:
+def test_row_agrees_with_hta_when_marked(rule: KernelRule, hta_utils: ModuleType) -> None:
     """Rows marked ``hta`` classify as HTA 0.5 does; the others exist because HTA
     gets those names wrong (it calls them compute)."""
     for name in rule.examples:
@@ -52,12 +57,12 @@ def test_row_agrees_with_hta_when_marked(rule: KernelRule) -> None:
         ("", KernelKind.COMPUTATION),
     ],
 )
-def test_common_names(name: str, kind: KernelKind) -> None:
+def test_common_names(name: str, kind: KernelKind, hta_utils: ModuleType) -> None:
     assert classify(name) is kind
     assert hta_utils.get_kernel_type(name) == kind.name
 
 
-def test_kind_codes_match_hta() -> None:
+def test_kind_codes_match_hta(hta_utils: ModuleType) -> None:
     for kind in KernelKind:
         assert hta_utils.KernelType[kind.name].value == kind.value
 

@@ -247,7 +247,7 @@ def test_gpu_run_shows_gpu_nccl_and_telemetry(analyses: dict[str, Analysis]) -> 
     for section in ('id="gpu"', 'id="nccl"', 'id="telemetry"', 'id="fig-gpu"'):
         assert section in html
     assert "HW_SLOWDOWN" in html and "4242" in html
-    assert "unset NCCL_P2P_DISABLE\nexport NCCL_IB_HCA=mlx5" in html  # the env change, copyable
+    assert "export NCCL_IB_HCA=mlx5\nunset NCCL_P2P_DISABLE" in html  # the env change, copyable
     md = render_markdown(analyses["gpu"])
     assert "[high] NCCL\\_P2P\\_DISABLE=1" in md.replace("**", "")
 

@@ -180,6 +180,8 @@ def test_gradient_accumulation_is_seen(tmp_path: Path) -> None:
     assert meta["grad_accumulation"]["no_sync_calls"] == 8  # 2 of every 3 micro-batches, 4 steps
     assert all(s["backwards"] == 3 for s in read_steps(out / "ranks/0/steps.jsonl"))
     assert meta["profiler"]["status"] == "skipped"
+    col = read_json(out / "manifest.json")["collectors"]["profiler"]
+    assert col["status"] == "skipped" and col["reason"] == "profiling is off"
 
 
 def test_existing_sitecustomize_still_runs(tmp_path: Path) -> None:
@@ -313,3 +315,40 @@ def test_srun_style_rank_and_shared_default_out(tmp_path: Path) -> None:
     m = read_json(out / "manifest.json")
     assert m["job_key"] == "slurm-4242.0" and m["collectors"]["missing_ranks"] == [0]
     assert m["collectors"]["steps"]["status"] == "partial"
+
+
+def test_window_cut_short_leaves_a_partial_trace(tmp_path: Path) -> None:
+    out = tmp_path / "short"
+    # the window wants steps 4-8 recorded, the script stops after step 5
+    res = run_pardiag("run", "-q", "--out", str(out), "--profile-steps", "3,1,5", "--",
+                      sys.executable, str(SCRIPTS / "tiny_ddp.py"), "--steps", "6")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert not (out / "ranks/0/trace.json.gz").exists()
+    # the trace ends inside step 6 (the script's tail after its loop)...
+    assert trace_steps(out / "ranks/0/trace.partial.json.gz") == [4, 5, 6]
+    prof = read_json(out / "ranks/0/meta.json")["profiler"]
+    assert prof["status"] == "partial" and prof["complete"] is False and prof["steps_recorded"] == [4, 5]
+    m = read_json(out / "manifest.json")
+    assert m["ranks"][0]["trace"] == "trace.partial.json.gz" and m["ranks"][0]["trace_complete"] is False
+    assert m["collectors"]["profiler"]["status"] == "partial"
+    # ...so the analysis uses the finished steps only, and says the window was cut short
+    doc = json.loads(run_pardiag("analyze", str(out), "--json").stdout)
+    assert doc["ranks"][0]["steps_profiled"] == 2 and doc["ranks"][0]["trace_complete"] is False
+    assert any("cut short" in n["message"] for n in doc["notices"])
+
+
+def test_merge_joins_per_node_directories(tmp_path: Path) -> None:
+    """Nodes without a shared filesystem each write their own directory; merge joins them."""
+    for rank in (0, 1):
+        env = {"SLURM_PROCID": str(rank), "SLURM_NTASKS": "2"}
+        res = run_pardiag("run", "-q", "--out", str(tmp_path / f"node{rank}"), "--profile-steps", "1,1,1", "--",
+                          sys.executable, str(SCRIPTS / "tiny_ddp.py"), "--steps", "3", env=env)
+        assert res.returncode == 0, res.stderr[-2000:]
+    res = run_pardiag("merge", str(tmp_path / "node0"), str(tmp_path / "node1"), "-o", str(tmp_path / "all"))
+    assert res.returncode == 0, res.stderr
+    m = read_json(tmp_path / "all" / "manifest.json")
+    assert [r["rank"] for r in m["ranks"]] == [0, 1] and len(m["launchers"]) == 2
+    assert m["collectors"]["missing_ranks"] == [] and m["collectors"]["steps"]["status"] == "ok"
+    # merging into a directory that is not empty is refused, nothing is overwritten
+    res = run_pardiag("merge", str(tmp_path / "node0"), "-o", str(tmp_path / "all"))
+    assert res.returncode == 2 and "not empty" in res.stderr
