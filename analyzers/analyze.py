@@ -176,18 +176,19 @@ def analyze_path(
     if offsets and max(abs(v) for v in offsets.values()) > SKEW_WARN_US:
         notices.append(Notice("warning", f"clocks differ by up to {max(abs(v) for v in offsets.values()) / 1e6:.1f} s between ranks; cross-rank timelines are aligned from collective end times"))
     hta = _hta(inputs, summaries, notices) if use_hta else None
-    nccl, findings = _nccl(run, nccl_logs, world, notices)
-    return Analysis(
+    nccl, nccl_findings = _nccl(run, nccl_logs, world, notices)
+    from pardiag.analyzers.levers import advise
+
+    return advise(Analysis(
         hta=hta,
         nccl=nccl,
-        findings=findings,
         run=_run_info(path, manifest, metas, inputs, world, offsets),
         ranks=ranks,
         collectives=matched.collectives,
         stragglers=stragglers,
         process_groups=process_groups(traces, matched.collectives, world),
         notices=notices,
-    )
+    ), extra=nccl_findings)
 
 
 def _nccl(
@@ -306,7 +307,25 @@ def _rank_result(
         device_type=t.device_type if t else (meta.get("device") or {}).get("type"),
         wait_us=waits.get(inp.rank, 0.0),
         phases_per_step_us={k: v / n_steps for k, v in t.phases_us.items()} if t and n_steps else {},
+        host_phases_us=_host_phases(run, inp.rank) if run is not None else {},
+        ops=dict(t.ops) if t else {},
     )
+
+
+def _host_phases(run: rundir.RunDir, rank: int) -> dict[str, float]:
+    """Median host time per step over all undisturbed steps (steps.jsonl)."""
+    from pardiag.analyzers.steps import DISTURBED_US, percentile
+
+    cols: dict[str, list[float]] = {"step": [], "dataloader": [], "forward": [], "backward": [], "optimizer": []}
+    for r in rundir.iter_steps(run.steps(rank)):
+        if r["step"] < 1 or r.get("profiler") or float(r.get("pardiag_us") or 0) >= DISTURBED_US:
+            continue
+        for key, field_ in (("step", "dur_us"), ("dataloader", "data_us"), ("forward", "fwd_us"),
+                            ("backward", "bwd_us"), ("optimizer", "opt_us")):
+            v = r.get(field_)
+            if isinstance(v, (int, float)):
+                cols[key].append(float(v))
+    return {k: percentile(sorted(v), 0.5) for k, v in cols.items() if v}
 
 
 def _self_checks(
@@ -372,4 +391,26 @@ def _run_info(
         "profiler": manifest.get("profiler"),
         "clock_offsets_us": {str(r): v for r, v in sorted(offsets.items())},
         "collectors": manifest.get("collectors"),
+        "framework": _framework(metas),
     }
+
+
+FRAMEWORK_KEYS = ("ddp", "fsdp", "amp", "dataloaders", "grad_accumulation", "optimizers", "parameters", "device", "threads")
+
+
+def _framework(metas: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """What the job used, as rank 0 (or the lowest rank) saw it, plus the peak device
+    memory over all ranks."""
+    present = {r: m for r, m in metas.items() if m}
+    if not present:
+        return None
+    first = present[min(present)]
+    out = {k: first.get(k) for k in FRAMEWORK_KEYS}
+    peaks = [((m.get("device") or {}).get("max_memory_reserved_bytes") or 0) for m in present.values()]
+    out["peak_memory_reserved_bytes_max"] = max(peaks) if any(peaks) else None
+    if out.get("ddp"):
+        for d in out["ddp"]:
+            d.pop("logging", None)  # bulky; the facts that matter are kept above it
+    if out.get("threads"):
+        out["threads"].pop("python_executable", None)  # a local path: not for reports
+    return out

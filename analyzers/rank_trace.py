@@ -93,6 +93,7 @@ class RankTrace:
     notices: tuple[str, ...] = ()
     pg_config: tuple[dict[str, Any], ...] = ()
     world_size: int | None = None
+    ops: dict[str, Any] = field(default_factory=dict)
 
 
 def profiled_steps(trace: Trace) -> tuple[tuple[StepSpan, ...], int | None]:
@@ -203,11 +204,69 @@ def analyze_rank_trace(trace: Trace, drop_last_step: bool = False) -> RankTrace:
         threads={"main": main_tid if main_tid is not None else -1, "backward": len(bwd_tids)},
         notices=tuple(notices),
         world_size=trace.distributed.world_size if trace.distributed else None,
+        ops=op_stats(trace, window),
         pg_config=tuple(
             {"name": p.name, "desc": p.desc, "size": p.size, "ranks": list(p.ranks)}
             for p in (trace.distributed.pg_config if trace.distributed else ())
         ),
     )
+
+
+# matrix-multiply and convolution kernels (the work mixed precision speeds up)
+GEMM = re.compile(
+    r"^(?!.*(elementwise|fbgemm|splitKreduce|scal_kernel|epilogue|reduce_kernel))"
+    r".*(gemm|xmma|implicit_convolve|conv2d_|convolution|wgrad|dgrad|fprop)",
+    re.I,
+)
+GEMM_DTYPES = (  # first match wins
+    ("bf16", re.compile(r"bf16|bfloat16", re.I)),
+    ("fp16", re.compile(r"h\d{3,5}gemm|hgemm|f16|fp16|half", re.I)),
+    ("tf32", re.compile(r"tf32|s\d{4,5}gemm", re.I)),
+    ("fp32", re.compile(r"sgemm|f32|fp32|float", re.I)),
+)
+SYNC_CALLS = re.compile(r"^cuda(DeviceSynchronize|StreamSynchronize|EventSynchronize|Memcpy|MemcpyDtoH|Memset)(_v\d+)?$")
+ITEM_OPS = re.compile(r"^aten::(_local_scalar_dense|item|nonzero)$")
+
+
+def gemm_dtype(name: str) -> str:
+    for dtype, pattern in GEMM_DTYPES:
+        if pattern.search(name):
+            return dtype
+    return "unknown"
+
+
+def op_stats(trace: Trace, window: tuple[float, float]) -> dict[str, Any]:
+    """Counts the levers need: GEMM time by precision, kernel sizes, host syncs."""
+    lo, hi = window
+    out: dict[str, Any] = {}
+    g = trace.gpu
+    if len(g):
+        inside = (g.ts_us >= lo) & (g.ts_us < hi)
+        kinds = event_kinds(g.name_id, g.cat_id, trace.names, trace.cats)
+        comp = inside & (kinds == KernelKind.COMPUTATION)
+        gemm_us: dict[str, float] = {}
+        for nid in np.unique(g.name_id[comp]):
+            name = trace.names[nid]
+            if GEMM.search(name):
+                sel = comp & (g.name_id == nid)
+                key = gemm_dtype(name)
+                gemm_us[key] = gemm_us.get(key, 0.0) + float(g.dur_us[sel].sum())
+        out["gemm_us"] = gemm_us
+        out["compute_kernels"] = int(comp.sum())
+        out["compute_kernel_us"] = float(g.dur_us[comp].sum())
+        out["compute_kernel_p50_us"] = float(np.median(g.dur_us[comp])) if comp.any() else None
+    L = trace.launches
+    if len(L):
+        inside = (L.ts_us >= lo) & (L.ts_us < hi)
+        sync_ids = [i for i, n in enumerate(trace.names) if SYNC_CALLS.match(n)]
+        out["launches"] = int(inside.sum())
+        out["sync_calls"] = int((inside & np.isin(L.name_id, sync_ids)).sum())
+    c = trace.cpu
+    item_ids = [i for i, n in enumerate(trace.names) if ITEM_OPS.match(n)]
+    if item_ids and len(c):
+        inside = (c.ts_us >= lo) & (c.ts_us < hi)
+        out["item_calls"] = int((inside & np.isin(c.name_id, item_ids)).sum())
+    return out
 
 
 def _breakdown(

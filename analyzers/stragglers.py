@@ -116,13 +116,14 @@ def find_stragglers(evidence: Mapping[int, RankEvidence]) -> list[Straggler]:
         f"the other ranks wait {excess / 1000:.1f} ms per step more than rank {candidate} "
         f"({excess / step_us:.0%} of the {step_us / 1000:.1f} ms median step; from the {source})",
     ]
-    excess = max(excess, extra_work)
+    held = excess
     if consistency is not None:
         evidence_lines.append(f"rank {candidate} waits least in {consistency:.0%} of all steps")
     for phase, d in sorted(deltas.items(), key=lambda kv: -kv[1])[:3]:
         if d > 0:
             evidence_lines.append(f"{CAUSE_NAMES.get(phase, phase)}: +{d / 1000:.1f} ms per step vs the median of the other ranks")
-    return [Straggler(rank=candidate, excess_us_per_step=excess, cause=cause, evidence=evidence_lines)]
+    return [Straggler(rank=candidate, excess_us_per_step=max(held, extra_work), cause=cause,
+                      evidence=evidence_lines, held_us_per_step=held)]
 
 
 def _cause(candidate: int, evidence: Mapping[int, RankEvidence], have_window: bool) -> tuple[str, dict[str, float]]:

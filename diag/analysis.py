@@ -74,6 +74,7 @@ class RankResult:
     wait_us: float = 0.0  # time inside collectives spent waiting for other ranks
     phases_per_step_us: dict[str, float] = field(default_factory=dict)
     host_phases_us: dict[str, float] = field(default_factory=dict)  # from steps.jsonl, per step
+    ops: dict[str, Any] = field(default_factory=dict)  # GEMM time by precision, kernel sizes, host syncs
 
 
 @dataclass(frozen=True)
@@ -95,9 +96,10 @@ class Collective:
 @dataclass(frozen=True)
 class Straggler:
     rank: int
-    excess_us_per_step: float
+    excess_us_per_step: float  # the straggler's extra work per step
     cause: str
     evidence: list[str]
+    held_us_per_step: float | None = None  # how much longer the others wait per step
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,7 @@ class Analysis:
     findings: list[Finding] = field(default_factory=list)
     notices: list[Notice] = field(default_factory=list)
     hta: dict[str, Any] | None = None
+    what_if: dict[str, Any] | None = None  # projected step time if the findings were applied
 
     def to_dict(self) -> dict[str, Any]:
         d = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION}
@@ -191,6 +194,7 @@ def from_dict(doc: Mapping[str, Any], source: str = "analysis") -> Analysis:
         findings=[_build(Finding, f) for f in doc.get("findings", [])],
         notices=[_build(Notice, n) for n in doc.get("notices", [])],
         hta=doc.get("hta"),
+        what_if=doc.get("what_if"),
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import json
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -22,9 +23,8 @@ from markupsafe import Markup
 from plotly.offline import get_plotlyjs
 
 from pardiag import style
-from pardiag.analysis import Analysis, Collective, RankResult
+from pardiag.analysis import Analysis, Collective, Finding, RankResult
 from pardiag.report_md import (
-    FULL_TABLE_RANKS,
     PERCENTILES,
     WORST_N,
     action_env_text,
@@ -42,6 +42,7 @@ from pardiag.report_md import (
 )
 
 BAR_RANKS = 64  # past this many ranks: heatmaps and percentiles instead of one bar per rank
+HEAT_MIN_SPAN = 1.0  # in the heatmap's unit (% or ms): the smallest spread across ranks drawn full scale
 TOP_COLLECTIVES_CHART = 15
 MAX_TABLE_ROWS = 50
 MAX_NOTICES = 200
@@ -94,14 +95,7 @@ def _round(v: float | None, digits: int = 2) -> float | None:
 def _per_rank_figure(ranks: Sequence[RankResult], series: list[Series], unit: str, stacked_title: str) -> go.Figure:
     """Stacked horizontal bars, one per rank; past BAR_RANKS a heatmap rank x category."""
     if len(ranks) > BAR_RANKS:
-        z = [[_round(v) for v in s.values] for s in series]
-        trace = go.Heatmap(
-            x=[r.rank for r in ranks], y=[s.label for s in series], z=z,
-            colorscale="Blues", colorbar={"title": {"text": unit}, "thickness": 12},
-            hovertemplate="rank %{x}<br>%{y}: %{z}" + f" {unit}<extra></extra>", xgap=0, ygap=1,
-        )
-        return go.Figure(trace, _layout(90 + 34 * len(series), xaxis={"title": {"text": "rank"}},
-                                        yaxis={"autorange": "reversed"}))
+        return _heatmap(ranks, series, unit)
     labels = [f"rank {r.rank}" for r in ranks]
     traces = [
         go.Bar(name=s.label, y=labels, x=[_round(v) for v in s.values], orientation="h",
@@ -110,9 +104,32 @@ def _per_rank_figure(ranks: Sequence[RankResult], series: list[Series], unit: st
         for s in series
     ]
     height = 110 + max(2, len(ranks)) * 20
+    x_range = {"range": [0, 100]} if unit == "%" else {}
     return go.Figure(traces, _layout(height, barmode="stack", bargap=0.25,
-                                     xaxis={"title": {"text": stacked_title}},
+                                     xaxis={"title": {"text": stacked_title}, **x_range},
                                      yaxis={"autorange": "reversed", "type": "category"}))
+
+
+def _heatmap(ranks: Sequence[RankResult], series: list[Series], unit: str) -> go.Figure:
+    """One row per category, one column per rank. Colour is relative within a row (the
+    ranks that spend the most on that category are darkest), so that a rank that
+    differs shows up in a small category too; the label gives the median, hover the value."""
+    z, labels, values = [], [], []
+    for s in series:
+        known = [v for v in s.values if v is not None]
+        lo, hi = min(known, default=0.0), max(known, default=0.0)
+        span = max(hi - lo, HEAT_MIN_SPAN)  # spreads smaller than this stay pale: noise, not a difference
+        z.append([None if v is None else round((v - lo) / span, 3) for v in s.values])
+        values.append([_round(v, 1) for v in s.values])
+        med = quantile(known, 0.5)
+        labels.append(f"{s.label} · p50 {med:.1f} {unit}" if med is not None else s.label)
+    trace = go.Heatmap(
+        x=[r.rank for r in ranks], y=labels, z=z, customdata=values, zmin=0, zmax=1, showscale=False,
+        colorscale=[[0.0, "#f1f5fb"], [0.5, "#7fa7d9"], [1.0, "#1f4e8c"]], xgap=0, ygap=2,
+        hovertemplate="rank %{x}<br>%{y}<br>this rank: %{customdata}" + f" {unit}<extra></extra>",
+    )
+    return go.Figure(trace, _layout(80 + 40 * len(series), margin={"l": 190}, xaxis={"title": {"text": "rank"}},
+                                    yaxis={"autorange": "reversed", "type": "category"}))
 
 
 def breakdown_figure(a: Analysis) -> go.Figure | None:
@@ -225,7 +242,7 @@ def _embed(fig: go.Figure, div_id: str) -> Markup:
                            config={**PLOTLY_CONFIG, "toImageButtonOptions": {"filename": div_id}})
     if fragment.lower().count("</script") != 1:
         raise AssertionError(f"{div_id}: figure JSON would break out of its <script>")
-    return Markup(fragment)  # noqa: S704 - plotly's output, JSON-escaped, checked above
+    return Markup(fragment)  # plotly's output, JSON-escaped, checked above
 
 
 def figures(a: Analysis) -> dict[str, Markup]:
@@ -278,7 +295,9 @@ def _fact_text(key: str, v: Any) -> str:
     if isinstance(v, (int, float)):
         if key.endswith("_us"):
             return f"{v / 1000:,.2f} ms"
-        return f"{v:,}" if isinstance(v, int) else f"{v:,.4g}"
+        return str(v) if isinstance(v, int) else f"{v:.4g}"
+    if isinstance(v, list) and v and all(type(x) is int for x in v) and all(a < b for a, b in zip(v, v[1:])):
+        return clip(rank_ranges(v), 300)  # increasing integers (rank lists): as ranges, losslessly
     if isinstance(v, list) and all(not isinstance(x, (dict, list)) for x in v):
         shown = ", ".join(str(x) for x in v[:20])
         return clip(shown + (f", … ({len(v)} in all)" if len(v) > 20 else ""), 300)
@@ -299,12 +318,17 @@ def generic_facts(d: Mapping[str, Any], prefix: str = "", depth: int = 0) -> lis
     out: list[dict[str, Any]] = []
     for k in sorted(d, key=str):
         v, key = d[k], f"{prefix}{k}"
-        if isinstance(v, Mapping) and v and depth < 2:
+        if v is None or (isinstance(v, (list, dict, str)) and not v):
+            continue  # nothing to say
+        if isinstance(v, Mapping) and depth < 2:
             out += generic_facts(v, key + ".", depth + 1)
         elif isinstance(v, list) and v and all(isinstance(x, Mapping) for x in v):
-            out.append({"key": key, "text": None, "table": _fact_table(v)})
+            out.append({"key": key, "text": None, "lines": None, "table": _fact_table(v)})
+        elif isinstance(v, list) and len(v) > 1 and all(isinstance(x, str) for x in v) and max(map(len, v)) > 40:
+            lines = [clip(x, 300) for x in v[:20]] + ([f"… {len(v) - 20} more"] if len(v) > 20 else [])
+            out.append({"key": key, "text": None, "lines": lines, "table": None})
         else:
-            out.append({"key": key, "text": _fact_text(str(k), v), "table": None})
+            out.append({"key": key, "text": _fact_text(str(k), v), "lines": None, "table": None})
     return out[:MAX_FACTS]
 
 
@@ -337,8 +361,6 @@ def _run_facts(a: Analysis) -> list[tuple[str, str]]:
 def _command(a: Analysis) -> str:
     cmd = a.run.get("command")
     if isinstance(cmd, list):
-        import shlex
-
         return clip(shlex.join(str(x) for x in cmd), 4000)
     return clip(cmd, 4000) if cmd else ""
 
@@ -347,14 +369,15 @@ def _doc_link(doc: Any) -> str | None:
     return doc if isinstance(doc, str) and re.match(r"https?://[^\s\"'<>]+$", doc) else None
 
 
-def _finding_view(n: int, f: Any) -> dict[str, Any]:
+def _finding_view(n: int, f: Finding) -> dict[str, Any]:
     code = f.action.get("code") if isinstance(f.action.get("code"), str) else None
     env = f.action.get("env") if isinstance(f.action.get("env"), dict) else None
     return {
         "id": f"finding-{n}", "severity": f.severity, "lever": f.lever, "title": f.title,
-        "evidence": f.evidence, "ranks": rank_ranges(f.ranks) if f.ranks else "",
+        "evidence": f.evidence, "ranks": clip(rank_ranges(f.ranks), 200) if f.ranks else "",
         "saving": f"{f.est_saving_pct:.0f}%" if f.est_saving_pct else None,
         "code": code, "env": action_env_text(env) if env else None, "doc": _doc_link(f.action.get("doc")),
+        "assumption": clip(f.action["assumption"], 300) if isinstance(f.action.get("assumption"), str) else None,
     }
 
 
@@ -371,8 +394,7 @@ def _context(a: Analysis) -> dict[str, Any]:
         "a": a, "h": h, "ms": ms, "pct": pct, "command": _command(a), "run_facts": _run_facts(a),
         "setup": " · ".join(x for x in (f"{h.hosts} host{'' if h.hosts == 1 else 's'}" if h.hosts else "",
                                          str(a.run.get("backend") or ""), str(a.run.get("device_type") or "")) if x),
-        "colours": style, "labels": list(style.CATEGORY_LABELS.values()),
-        "many": many, "bar_ranks": BAR_RANKS, "full_table_limit": FULL_TABLE_RANKS,
+        "colours": style, "many": many,
         "rank_rows": [_rank_row(r, straggler_ranks) for r in (worst_ranks(a, WORST_N) if many else a.ranks)],
         "percentile_rows": _percentile_rows(a.ranks) if many else [],
         "untimed": sum(1 for r in a.ranks if step_us(r) is None),
@@ -396,7 +418,7 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
         keep_trailing_newline=True,
     )
-    env.globals["plotlyjs"] = Markup(get_plotlyjs())  # noqa: S704 - the library itself, not data
+    env.globals["plotlyjs"] = Markup(get_plotlyjs())  # the library itself, not data
     return env
 
 

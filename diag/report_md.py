@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
@@ -191,9 +192,9 @@ def _rank_lines(a: Analysis) -> list[str]:
     if not a.ranks:
         return []
     stragglers = {s.rank for s in a.stragglers}
-    out = ["### Where each rank's time goes", "",
-           "Step times in ms over all steps; prof. step: ms per step inside the profiled window; "
-           "categories: share of the profiled window; wait: ms per profiled step spent waiting in collectives.", ""]
+    legend = ("Step times in ms over all steps; prof. step: ms per step inside the profiled window; "
+              "categories: share of the profiled window; wait: ms per profiled step spent waiting in collectives.")
+    out = ["### Where each rank's time goes", "", legend, ""]
     if len(a.ranks) <= FULL_TABLE_RANKS:
         return [*out, *_table(RANK_HEADER, (_rank_row(r, stragglers) for r in a.ranks), right_from=2), ""]
     out += [f"Across {len(a.ranks)} ranks:", ""]
@@ -264,7 +265,7 @@ def _finding_lines(a: Analysis) -> list[str]:
 
 def action_env_text(env: dict[str, object]) -> str:
     """A finding's env change as shell lines (None: remove the variable)."""
-    return "\n".join(f"unset {k}" if v is None else f"export {k}={v}" for k, v in sorted(env.items()))
+    return "\n".join(f"unset {k}" if v is None else f"export {k}={shlex.quote(str(v))}" for k, v in sorted(env.items()))
 
 
 def _action_lines(f: Finding) -> list[str]:

@@ -225,7 +225,7 @@ def test_crashed_rank_is_reported(fmt: str, analyses: dict[str, Analysis]) -> No
 def test_crashed_rank_has_a_row_but_no_bar(analyses: dict[str, Analysis]) -> None:
     a = analyses["crashed"]
     html = render_html(a)
-    assert re.search(r'<td class="num">3</td><td class="name">node0</td><td class="num">-</td>', html)
+    assert re.search(r'<td class="num">3</td><td class="host" title="node0">node0</td><td class="num">-</td>', html)
     breakdown = json.loads(_figure_json(html, "fig-breakdown"))
     assert breakdown[0]["y"] == ["rank 0", "rank 1", "rank 2"]
 

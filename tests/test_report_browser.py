@@ -34,7 +34,7 @@ def chromium(page: Path, profile: Path, *action: str) -> subprocess.CompletedPro
         "--host-resolver-rules=MAP * ~NOTFOUND", "--virtual-time-budget=15000",
         *action, page.resolve().as_uri(),
     ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=180)
 
 
 def console_errors(stderr: str) -> list[str]:

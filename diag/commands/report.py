@@ -34,6 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=FORMATS, default="html", help="html (default), md or json")
     p.add_argument("--jobs", "-j", type=int, default=None, help="processes that parse traces (default: all cores)")
     p.add_argument("--force", action="store_true", help="ignore a cached analysis.json")
+    p.add_argument("--nccl-log", action="append", default=[], metavar="FILE",
+                   help="also read this NCCL_DEBUG log (or folder of logs); repeatable")
+    p.add_argument("--hta", action="store_true", help="also run HolisticTraceAnalysis on GPU traces")
 
 
 def render(a: Analysis, fmt: str) -> str:
@@ -56,7 +59,12 @@ def execute(args: argparse.Namespace) -> int:
     from pardiag.commands.analyze import load_or_analyze
 
     path = Path(args.path)
-    a = load_or_analyze(path, jobs=args.jobs, force=args.force, quiet=args.format != "html")
+    logs = [Path(p) for p in args.nccl_log]
+    for p in logs:
+        if not p.exists():
+            raise UserError(f"--nccl-log {p}: no such file or directory")
+    a = load_or_analyze(path, jobs=args.jobs, force=args.force or bool(logs), quiet=args.format != "html",
+                        use_hta=args.hta, nccl_logs=logs)
     text = render(a, args.format)
     if args.output is None and args.format != "html":
         sys.stdout.write(text)
