@@ -1,0 +1,134 @@
+"""Each lever rule on Analyses built by hand: it fires on its symptom with the saving
+worked out below, and stays quiet on a healthy run or one that already uses the lever."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pardiag.analysis import Analysis, RankResult, StepTime, Straggler
+from pardiag.analyzers.levers import advise, what_if
+
+MB = 2**20
+GB = 2**30
+
+
+def rank(r: int, *, window: float = 100_000.0, steps: int = 1, device: str = "cuda", step_p50: float = 100_000.0,
+         ops: dict[str, Any] | None = None, host: dict[str, float] | None = None, **shares: float) -> RankResult:
+    """A rank whose breakdown has the given shares of the window (idle takes the rest)."""
+    b = {k: shares.get(k, 0.0) * window for k in ("compute", "comm_exposed", "comm_overlapped", "memcpy", "dataloader")}
+    b["idle"] = window - sum(b.values())
+    return RankResult(rank=r, host="h", steps_profiled=steps, window_us=window, breakdown_us=b,
+                      phases_us={}, step_time_us=StepTime(step_p50, step_p50, step_p50, 10),
+                      device_type=device, ops=ops or {}, host_phases_us=host or {})
+
+
+def analysis(ranks: list[RankResult], framework: dict[str, Any] | None = None, **kw: Any) -> Analysis:
+    return Analysis(run={"world_size": len(ranks), "framework": framework or {}}, ranks=ranks,
+                    collectives=kw.pop("collectives", []), stragglers=kw.pop("stragglers", []), **kw)
+
+
+def levers(a: Analysis) -> dict[str, Any]:
+    return {f.lever: f for f in advise(a).findings}
+
+
+DDP_ONE_BUCKET = {"ddp": [{"bucket_cap_mb": 25.0, "bucket_sizes_bytes": [40 * MB], "gradient_as_bucket_view": False,
+                           "static_graph": False, "find_unused_parameters": False}],
+                  "grad_accumulation": {"backwards_per_step": 1.0}}
+
+
+def test_exposed_communication_with_ddp() -> None:
+    a = analysis([rank(0, compute=0.6, comm_exposed=0.2), rank(1, compute=0.6, comm_exposed=0.2)], DDP_ONE_BUCKET)
+    f = levers(a)
+    # accumulate 4: exposed 20% paid once per 4 -> 20% x 3/4 = 15%
+    assert f["gradient_accumulation"].est_saving_pct == 15.0 and f["gradient_accumulation"].severity == "high"
+    assert "no_sync" in f["gradient_accumulation"].action["code"]
+    # one 40 MB bucket -> cap 10 MB; half of the exposed 20% overlaps backward -> 10%
+    b = f["ddp_bucket_size"]
+    assert b.est_saving_pct == 10.0 and "bucket_cap_mb=10" in b.action["code"]
+    assert "gradient_as_bucket_view=True" in b.action["code"] and "static_graph=True" in b.action["code"]
+    assert "comm_overlap" not in f  # DDP's overlap is its buckets
+
+
+def test_no_communication_finding_when_hidden_or_already_accumulating() -> None:
+    healthy = analysis([rank(0, compute=0.8, comm_overlapped=0.15, comm_exposed=0.02)], DDP_ONE_BUCKET)
+    assert not {"gradient_accumulation", "ddp_bucket_size", "comm_overlap"} & set(levers(healthy))
+    fw = dict(DDP_ONE_BUCKET, grad_accumulation={"backwards_per_step": 4.0})
+    accumulating = analysis([rank(0, compute=0.6, comm_exposed=0.2)], fw)
+    assert "gradient_accumulation" not in levers(accumulating)
+
+
+def test_dataloader_from_all_steps() -> None:
+    host = {"step": 100_000.0, "dataloader": 30_000.0}
+    fw = {"dataloaders": [{"num_workers": 0, "pin_memory": False, "persistent_workers": False, "batch_size": 32}],
+          "threads": {"sched_affinity": 16}}
+    f = levers(analysis([rank(0, compute=0.7, host=host)], fw))["dataloader"]
+    # 30% wait: 90% of it hidden -> 27%; workers: ceil(0.3 / 0.7) + 1 = 2
+    assert f.est_saving_pct == 27.0 and f.severity == "high"
+    assert "num_workers=2" in f.action["code"] and "pin_memory=True" in f.action["code"]
+    quiet = analysis([rank(0, compute=0.9, host={"step": 100_000.0, "dataloader": 2_000.0})], fw)
+    assert "dataloader" not in levers(quiet)
+
+
+def test_mixed_precision_on_gpu_only_without_autocast() -> None:
+    ops = {"gemm_us": {"fp32": 20_000.0, "tf32": 30_000.0, "bf16": 5_000.0}}
+    fw = {"amp": {"autocast": {}}, "device": {"capability": "8.0"}}
+    f = levers(analysis([rank(0, compute=0.8, ops=ops)], fw))["mixed_precision"]
+    # fp32 20% x (1 - 1/4) + tf32 30% x (1 - 1/1.5) = 15% + 10% = 25%
+    assert f.est_saving_pct == 25.0 and "torch.bfloat16" in f.action["code"]
+    with_amp = {"amp": {"autocast": {"cuda": ["torch.bfloat16"]}}, "device": {"capability": "8.0"}}
+    assert "mixed_precision" not in levers(analysis([rank(0, compute=0.8, ops=ops)], with_amp))
+    assert "mixed_precision" not in levers(analysis([rank(0, device="cpu", compute=0.8, ops=ops)], fw))
+    volta = {"amp": {"autocast": {}}, "device": {"capability": "7.0"}}
+    assert "GradScaler" in levers(analysis([rank(0, compute=0.8, ops=ops)], volta))["mixed_precision"].action["code"]
+
+
+def test_straggler_saving_is_the_others_wait() -> None:
+    s = Straggler(rank=3, excess_us_per_step=40_000.0, cause="dataloader", evidence=["e"], held_us_per_step=25_000.0)
+    f = levers(analysis([rank(i, compute=0.8) for i in range(4)], stragglers=[s]))["straggler"]
+    assert f.est_saving_pct == 25.0 and f.severity == "high" and f.ranks == [3]
+    assert "DataLoader" in f.action["text"]
+
+
+def test_sharding_decision_tree() -> None:
+    def fw(params: float, opt: float, peak: float, fsdp: Any = None) -> dict[str, Any]:
+        return {"parameters": {"local_bytes": params}, "optimizers": [{"state_bytes": opt}], "fsdp": fsdp,
+                "device": {"total_memory_bytes": 80 * GB}, "peak_memory_reserved_bytes_max": peak}
+
+    ranks8 = [rank(i, compute=0.8) for i in range(8)]
+    # small model, plenty of room: DDP is right, no finding
+    assert "sharding" not in levers(analysis(ranks8, fw(1 * GB, 2 * GB, 20 * GB)))
+    # 10 GB of parameters with Adam (20 GB state), 76 GB peak: shard the optimizer state
+    f = levers(analysis(ranks8, fw(10 * GB, 20 * GB, 76 * GB)))["sharding"]
+    assert "ZeRO-1" in f.title and f.severity == "high"
+    # 30 GB parameters: 2P + S/8 = 67.5 GB too much; P + (P+S)/8 = 41.25 GB fits -> ZeRO-2
+    assert "ZeRO-2" in levers(analysis(ranks8, fw(30 * GB, 60 * GB, 79 * GB)))["sharding"].title
+    # 90 GB parameters: only full sharding fits (360/8 = 45 GB, under 60% of 80) -> FSDP
+    assert "FSDP" in levers(analysis(ranks8, fw(90 * GB, 180 * GB, 79 * GB)))["sharding"].title
+    # 1 TB of parameters: even fully sharded 500 GB per rank -> tensor/pipeline parallel
+    assert "tensor or pipeline" in levers(analysis(ranks8, fw(1024 * GB, 2048 * GB, 79 * GB)))["sharding"].title
+    # a tiny FSDP model with exposed all-gathers: DDP would do
+    tiny = analysis([rank(i, compute=0.5, comm_exposed=0.3) for i in range(2)], fw(0.1 * GB, 0.2 * GB, 2 * GB, {"fsdp2": {}}))
+    assert "DDP would avoid" in levers(tiny)["sharding"].title
+
+
+def test_what_if_multiplies_independent_savings() -> None:
+    from pardiag.analysis import Finding
+
+    fs = [Finding("dataloader", "high", "t", [], [], 20.0, {}), Finding("straggler", "high", "t", [], [], 50.0, {}),
+          Finding("nccl_env", "low", "t", [], [], None, {})]
+    w = what_if(200_000.0, fs)
+    assert [p["step_us"] for p in w["findings"]] == [160_000.0, 100_000.0]
+    assert w["all_step_us"] == pytest.approx(200_000.0 * 0.8 * 0.5) and w["all_saving_pct"] == 60.0
+    assert what_if(0.0, fs) is None
+
+
+def test_sync_points_and_host_overhead() -> None:
+    ops = {"sync_calls": 30, "item_calls": 10, "compute_kernel_p50_us": 8.0}
+    f = levers(analysis([rank(0, steps=4, compute=0.5, ops=ops)]))
+    assert f["sync_points"].title.startswith("10 host-GPU synchronisations per step")
+    # idle 50% with 8 us kernels: half of the idle time -> 25%
+    assert f["host_overhead"].est_saving_pct == 25.0 and f["host_overhead"].severity == "high"
+    calm = {"sync_calls": 1, "compute_kernel_p50_us": 200.0}
+    assert not {"sync_points", "host_overhead"} & set(levers(analysis([rank(0, steps=4, compute=0.5, ops=calm)])))
