@@ -16,6 +16,7 @@ from pardiag.rundir import RunDirError
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("run", "run a training command under the profiler and NCCL logging"),
     "analyze": ("analyze", "where each rank's time goes, waiting vs transfer, stragglers"),
+    "scaling": ("scaling", "scaling efficiency across runs at different world sizes, Amdahl fit"),
     "demo": ("demo", "run the bundled example job on this machine (CPU, 2 ranks) end to end"),
     "merge": ("merge", "join per-node run directories into one"),
     "report": ("report", "render an HTML report, a markdown PR comment or the JSON of a run"),
