@@ -149,7 +149,10 @@ def analyze_path(
 
     traces = {r: s.result for r, s in summaries.items() if s.result is not None}
     matched = match({r: t.collectives for r, t in traces.items()})
-    ranks = [_rank_result(i, run, summaries.get(i.rank), metas.get(i.rank), matched.wait_by_rank_us) for i in inputs]
+    ranks = [
+        _rank_result(i, run, summaries.get(i.rank), metas.get(i.rank), matched.wait_by_rank_us, matched.transfer_by_rank_us)
+        for i in inputs
+    ]
     world = (
         manifest.get("world_size")
         or max((m.get("world_size") or 0 for m in metas.values() if m), default=0)
@@ -277,6 +280,7 @@ def _rank_result(
     s: TraceSummary | None,
     meta: dict[str, Any] | None,
     waits: dict[int, float],
+    transfers: dict[int, float],
 ) -> RankResult:
     st = step_stats(rundir.iter_steps(run.steps(inp.rank))) if run is not None else None
     step_time = StepTime(
@@ -306,6 +310,7 @@ def _rank_result(
         trace_complete=inp.trace_complete and t is not None,
         device_type=t.device_type if t else (meta.get("device") or {}).get("type"),
         wait_us=waits.get(inp.rank, 0.0),
+        transfer_us=transfers.get(inp.rank, 0.0),
         phases_per_step_us={k: v / n_steps for k, v in t.phases_us.items()} if t and n_steps else {},
         host_phases_us=_host_phases(run, inp.rank) if run is not None else {},
         ops=dict(t.ops) if t else {},

@@ -10,7 +10,8 @@ Thresholds and where they come from (see ../shared/reference/anchors.md):
 - dataloader: input wait >= 5% of the step (TensorBoard plugin rule 1; XProf: moderate
   at 5%, high at 20%).
 - gradient_accumulation / ddp_bucket_size / comm_overlap: exposed communication >= 10%
-  of the step (TensorBoard plugin rule 4); high at 20%.
+  of the step (TensorBoard plugin rule 4); high at 20%. Waiting for other ranks inside a
+  collective is left out: that is imbalance (the straggler lever), not transfer cost.
 - straggler: see stragglers.py; severity as TraceML (warn 10%, critical 20%).
 - mixed_precision: fp32/TF32 GEMM time >= 10% of the step on a GPU with tensor cores
   (TensorBoard plugin rule 6 fires on any eligible time; 10% keeps small gains quiet).
@@ -64,6 +65,21 @@ class Context:
         if not rs:
             return 0.0
         return sum(r.breakdown_us.get(key, 0.0) / r.window_us for r in rs) / len(rs)
+
+    def exposed_transfer(self) -> float:
+        """Exposed communication without the time ranks waited for each other inside it
+        (that is imbalance, not the cost of moving data), as a share of the window: a
+        rank's exposed time is scaled by the share of its collective time that was
+        transfer, transfer / (transfer + wait)."""
+        rs = self.ranks
+        if not rs:
+            return 0.0
+        total = 0.0
+        for r in rs:
+            coll = r.transfer_us + r.wait_us
+            frac = r.transfer_us / coll if coll > 0 else 1.0
+            total += r.breakdown_us.get("comm_exposed", 0.0) * frac / r.window_us
+        return total / len(rs)
 
     @property
     def gpu(self) -> bool:
@@ -162,7 +178,7 @@ def _local_ranks(ctx: Context) -> int:
 
 
 def gradient_accumulation(ctx: Context) -> Finding | None:
-    exposed = ctx.share("comm_exposed")
+    exposed = ctx.exposed_transfer()
     acc = ctx.fw.get("grad_accumulation") or {}
     if exposed < 0.10 or not ctx.ddp or (acc.get("backwards_per_step") or 1) > 1:
         return None
@@ -172,7 +188,8 @@ def gradient_accumulation(ctx: Context) -> Finding | None:
         lever="gradient_accumulation",
         severity=_sev(exposed, 0.10, 0.20),
         title=f"communication not hidden by compute takes {exposed:.0%} of the step; accumulate {k} micro-batches per sync",
-        evidence=[f"exposed communication {exposed:.1%} of the profiled time (mean over ranks)",
+        evidence=[f"exposed communication {exposed:.1%} of the profiled time (mean over ranks, "
+                  "waiting for other ranks left out)",
                   "one backward pass per optimizer step (no gradient accumulation)"],
         ranks=[r.rank for r in ctx.ranks],
         est_saving_pct=_pct(saving),
@@ -194,7 +211,7 @@ def gradient_accumulation(ctx: Context) -> Finding | None:
 
 def ddp_bucket_size(ctx: Context) -> Finding | None:
     d = ctx.ddp
-    exposed = ctx.share("comm_exposed")
+    exposed = ctx.exposed_transfer()
     if not d or exposed < 0.05:
         return None
     sizes = d.get("bucket_sizes_bytes") or []
@@ -220,11 +237,11 @@ def ddp_bucket_size(ctx: Context) -> Finding | None:
         extra.append("gradient_as_bucket_view=True")
     if not d.get("static_graph") and not d.get("find_unused_parameters"):
         extra.append("static_graph=True")
-    args = ", ".join([f"bucket_cap_mb={new_cap:g}"] + extra)
+    args = ", ".join([f"bucket_cap_mb={new_cap:.3g}"] + extra)
     return Finding(
         lever="ddp_bucket_size",
         severity=_sev(exposed, 0.10, 0.20),
-        title=f"DDP buckets: {why}; try bucket_cap_mb={new_cap:g}",
+        title=f"DDP buckets: {why}; try bucket_cap_mb={new_cap:.3g}",
         evidence=evidence,
         ranks=[r.rank for r in ctx.ranks],
         est_saving_pct=_pct(saving),
@@ -234,7 +251,7 @@ def ddp_bucket_size(ctx: Context) -> Finding | None:
 
 
 def comm_overlap(ctx: Context) -> Finding | None:
-    exposed = ctx.share("comm_exposed")
+    exposed = ctx.exposed_transfer()
     hidden = ctx.share("comm_overlapped")
     if exposed < 0.10 or hidden > exposed or ctx.ddp:
         return None  # DDP overlap is tuned through its buckets
@@ -259,12 +276,15 @@ def comm_overlap(ctx: Context) -> Finding | None:
     )
 
 
+CPU_BF16_SPEEDUP = 2.0  # AMX bf16 GEMMs measured 3.6x fp32 on one core; half of it for whole layers
+
+
 def mixed_precision(ctx: Context) -> Finding | None:
-    if not ctx.gpu:
-        return None  # on CPUs bf16 is only faster with AMX; not judged from a trace
     amp = ctx.fw.get("amp") or {}
     if amp.get("autocast"):
         return None
+    if not ctx.gpu:
+        return _cpu_mixed_precision(ctx)
     gemm: dict[str, float] = {}
     window = 0.0
     for r in ctx.ranks:
@@ -295,9 +315,34 @@ def mixed_precision(ctx: Context) -> Finding | None:
     )
 
 
+def _cpu_mixed_precision(ctx: Context) -> Finding | None:
+    """CPUs with bf16 matrix units (AMX, AVX512-BF16) run bf16 GEMMs several times faster."""
+    dev = ctx.fw.get("device") or {}
+    dtypes = set(((ctx.fw.get("parameters") or {}).get("bytes_by_dtype") or {}))
+    if not dev.get("bf16_matmul") or (dtypes and dtypes != {"torch.float32"}):
+        return None
+    window = sum(r.window_us for r in ctx.ranks)
+    gemm = sum(float(r.ops.get("cpu_gemm_us") or 0.0) for r in ctx.ranks)
+    share = gemm / window if window else 0.0
+    if share < 0.10:
+        return None
+    return Finding(
+        lever="mixed_precision",
+        severity=_sev(share, 0.10, 0.30),
+        title=f"{share:.0%} of the step is fp32 matrix multiplies on a CPU with bf16 matrix units",
+        evidence=[f"matmul/conv operators {gemm / 1000:.1f} ms of {window / 1000:.1f} ms profiled (all ranks)",
+                  f"CPU has {'AMX' if dev.get('amx') else 'AVX512-BF16'}; parameters are float32; no autocast seen"],
+        ranks=[r.rank for r in ctx.ranks],
+        est_saving_pct=_pct(share * (1 - 1 / CPU_BF16_SPEEDUP)),
+        action={"code": "with torch.autocast(device_type='cpu', dtype=torch.bfloat16):\n"
+                        "    loss = loss_fn(model(batch))\nloss.backward()",
+                "doc": DOCS["amp"], "assumption": f"matmuls {CPU_BF16_SPEEDUP:g}x faster in bf16"},
+    )
+
+
 def sharding(ctx: Context) -> Finding | None:
     dev = ctx.fw.get("device") or {}
-    total = dev.get("total_memory_bytes")
+    total = dev.get("memory_budget_bytes") or dev.get("total_memory_bytes")
     params = (ctx.fw.get("parameters") or {}).get("local_bytes") or 0
     opt = sum(o.get("state_bytes") or 0 for o in ctx.fw.get("optimizers") or [])
     if not total or not params:
@@ -306,14 +351,16 @@ def sharding(ctx: Context) -> Finding | None:
     peak = ctx.fw.get("peak_memory_reserved_bytes_max") or dev.get("max_memory_reserved_bytes") or 0
     n = max(1, int(ctx.a.run.get("world_size") or 1))
     gb = 2**30
+    where = ("the planned " if dev.get("memory_budget_bytes") else "") + (
+        "host memory share" if dev.get("memory_is_host_share") and not dev.get("memory_budget_bytes") else "device")
     ev = [f"model state {state / gb:.2f} GB per rank (parameters {params / gb:.2f}, gradients {params / gb:.2f}, "
-          f"optimizer {opt / gb:.2f}) on a {total / gb:.0f} GB device; peak reserved {peak / gb:.2f} GB"]
-    if ctx.fw.get("fsdp") and state * n < 0.25 * total and ctx.share("comm_exposed") >= 0.10:
+          f"optimizer {opt / gb:.2f}) on {where} of {total / gb:.1f} GB; peak {peak / gb:.2f} GB"]
+    if ctx.fw.get("fsdp") and state * n < 0.25 * total and ctx.exposed_transfer() >= 0.10:
         return Finding(
             lever="sharding", severity="medium",
             title="the whole model state fits one device: DDP would avoid FSDP's all-gathers",
             evidence=ev + [f"unsharded model state {state * n / gb:.2f} GB is under 25% of the device",
-                           f"exposed communication {ctx.share('comm_exposed'):.0%}"],
+                           f"exposed communication {ctx.exposed_transfer():.0%}"],
             ranks=[], est_saving_pct=None,
             action={"code": "model = DistributedDataParallel(model)  # instead of fully_shard(model)", "doc": DOCS["ddp"]},
         )
@@ -441,7 +488,24 @@ def advise(a: Analysis, extra: Sequence[Finding] = ()) -> Analysis:
             continue
         if f is not None:
             findings.append(f)
+    findings.sort(key=rank_key)
     return replace(a, findings=findings, what_if=what_if(ctx.step_us, findings))
+
+
+SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2}
+
+
+# levers whose change alters the training itself (the global batch): offered after
+# changes that keep the maths the same, at equal severity
+CHANGES_TRAINING = {"gradient_accumulation", "batch_size"}
+
+
+def rank_key(f: Finding) -> tuple[int, int, int, float]:
+    """Most important first: severity; within it a memory limit (it decides what else is
+    possible); then changes that keep the training the same; then the larger saving."""
+    blocking = 0 if f.lever == "sharding" and f.severity == "high" else 1
+    semantic = 1 if f.lever in CHANGES_TRAINING else 0
+    return (SEVERITY_ORDER.get(f.severity, 3), blocking, semantic, -(f.est_saving_pct or 0.0))
 
 
 def replace_notice(message: str) -> Any:

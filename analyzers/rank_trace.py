@@ -226,6 +226,7 @@ GEMM_DTYPES = (  # first match wins
 )
 SYNC_CALLS = re.compile(r"^cuda(DeviceSynchronize|StreamSynchronize|EventSynchronize|Memcpy|MemcpyDtoH|Memset)(_v\d+)?$")
 ITEM_OPS = re.compile(r"^aten::(_local_scalar_dense|item|nonzero)$")
+CPU_GEMM = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|_convolution|mkldnn_convolution|convolution_backward|conv\dd)$")
 
 
 def gemm_dtype(name: str) -> str:
@@ -262,11 +263,22 @@ def op_stats(trace: Trace, window: tuple[float, float]) -> dict[str, Any]:
         out["launches"] = int(inside.sum())
         out["sync_calls"] = int((inside & np.isin(L.name_id, sync_ids)).sum())
     c = trace.cpu
+    if not len(g) and len(c):
+        gemm_ids = [i for i, n in enumerate(trace.names) if CPU_GEMM.match(n)]
+        sel = np.isin(c.name_id, gemm_ids)
+        out["cpu_gemm_us"] = _union_in(c.ts_us[sel], c.ts_us[sel] + c.dur_us[sel], lo, hi)
     item_ids = [i for i, n in enumerate(trace.names) if ITEM_OPS.match(n)]
     if item_ids and len(c):
         inside = (c.ts_us >= lo) & (c.ts_us < hi)
         out["item_calls"] = int((inside & np.isin(c.name_id, item_ids)).sum())
     return out
+
+
+def _union_in(starts: npt.NDArray[np.float64], ends: npt.NDArray[np.float64], lo: float, hi: float) -> float:
+    from pardiag.analyzers.intervals import total_length
+
+    s, e = clip((starts, ends), lo, hi)
+    return total_length(s, e)
 
 
 def _breakdown(

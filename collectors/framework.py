@@ -535,7 +535,60 @@ def _device_facts() -> dict[str, Any]:
     else:
         d["type"] = "cpu"
         d["name"] = platform.processor() or platform.machine()
+        d.update(_cpu_facts())
+    budget = os.environ.get("PARDIAG_MEMORY_PER_RANK")
+    if budget and budget.isdigit():
+        d["memory_budget_bytes"] = int(budget)  # `pardiag run --memory-per-rank`: plan for this device size
     return d
+
+
+def _cpu_facts() -> dict[str, Any]:
+    """For CPU training: bf16 matrix units, and host memory as this rank's share."""
+    out: dict[str, Any] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    out["bf16_matmul"] = "amx_bf16" in flags or "avx512_bf16" in flags
+                    out["amx"] = "amx_bf16" in flags
+                    break
+    except OSError:
+        pass
+    total = _host_memory_bytes()
+    local = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
+    if total:
+        out["total_memory_bytes"] = total // max(local, 1)
+        out["memory_is_host_share"] = True
+    try:
+        import resource
+
+        out["max_memory_reserved_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    except Exception:
+        pass
+    return out
+
+
+def _host_memory_bytes() -> int | None:
+    """Physical memory, or the cgroup's limit when that is lower."""
+    total = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    total = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                v = f.read().strip()
+            if v.isdigit() and (total is None or int(v) < total):
+                total = int(v)
+        except OSError:
+            continue
+    return total
 
 
 def _versions() -> dict[str, Any]:

@@ -72,6 +72,7 @@ class RankResult:
     trace_complete: bool = False
     device_type: str | None = None
     wait_us: float = 0.0  # time inside collectives spent waiting for other ranks
+    transfer_us: float = 0.0  # time inside collectives moving data (their shortest duration)
     phases_per_step_us: dict[str, float] = field(default_factory=dict)
     host_phases_us: dict[str, float] = field(default_factory=dict)  # from steps.jsonl, per step
     ops: dict[str, Any] = field(default_factory=dict)  # GEMM time by precision, kernel sizes, host syncs

@@ -92,8 +92,7 @@ def print_nccl(a: Analysis, console: Console) -> None:
 
 
 def print_findings(a: Analysis, console: Console, limit: int = 8) -> None:
-    order = {"high": 0, "medium": 1, "low": 2}
-    shown = sorted(a.findings, key=lambda f: (order.get(f.severity, 3), -(f.est_saving_pct or 0)))[:limit]
+    shown = a.findings[:limit]  # already ranked, most important first
     console.print(Text(f"what to change ({len(a.findings)} finding{'s' if len(a.findings) != 1 else ''})", style="bold"))
     for f in shown:
         style = {"high": "bold red", "medium": "yellow", "low": "dim"}.get(f.severity, "")

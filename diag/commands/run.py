@@ -61,6 +61,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--with-stack", action="store_true", help="record Python stacks (costly)")
     p.add_argument("--profile-memory", action="store_true", help="record allocations (costly)")
     p.add_argument("--no-nccl-log", action="store_true", help="do not set NCCL_DEBUG/NCCL_DEBUG_FILE")
+    p.add_argument("--memory-per-rank", metavar="SIZE",
+                   help="plan for devices of this memory (e.g. 24GiB, 80GB): the sharding advice uses it "
+                        "instead of the memory the ranks have")
     p.add_argument("--job-id", help="shared by every node's `pardiag run` of one job (default: from SLURM or the torchrun rendezvous)")
     p.add_argument("--no-report", action="store_true", help="do not write report.html after the run")
     p.add_argument("--quiet", "-q", action="store_true", help="print only the run directory at the end")
@@ -74,9 +77,25 @@ def execute(args: argparse.Namespace) -> int:
     if not cmd:
         raise UserError("nothing to run: pardiag run [options] -- COMMAND [ARGS...]")
     cfg = collector_config(args)
+    extra_env = {}
+    if args.memory_per_rank:
+        extra_env["PARDIAG_MEMORY_PER_RANK"] = str(parse_size(args.memory_per_rank))
     job_key = args.job_id or job_key_from(cmd, os.environ)
     run = choose_run_dir(args.out, cmd, job_key)
-    return record(run, cmd, cfg, job_key, nccl_log=not args.no_nccl_log, quiet=args.quiet, report=not args.no_report)
+    return record(run, cmd, cfg, job_key, nccl_log=not args.no_nccl_log, quiet=args.quiet,
+                  report=not args.no_report, extra_env=extra_env)
+
+
+def parse_size(text: str) -> int:
+    """'24GiB', '80GB', '512MiB', '1.5G', '1000000' -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(i?)B?\s*", text, re.IGNORECASE)
+    if not m:
+        raise UserError(f"--memory-per-rank: {text!r} is not a size (e.g. 24GiB, 80GB)")
+    value, unit, binary = float(m.group(1)), m.group(2).upper(), m.group(3)
+    decimal = bool(unit) and not binary and text.strip()[-1:] in "Bb"  # "80GB": powers of 1000
+    base = 1000 if decimal else 1024
+    power = " KMGT".index(unit or " ")
+    return int(value * base**power)
 
 
 def collector_config(args: argparse.Namespace) -> CollectorConfig:
@@ -211,6 +230,7 @@ def record(
     nccl_log: bool = True,
     quiet: bool = False,
     report: bool = True,
+    extra_env: dict[str, str] | None = None,
 ) -> int:
     from pardiag.collectors import nvml
 
@@ -222,7 +242,7 @@ def record(
     if not os.access(run.root, os.W_OK):
         raise UserError(f"cannot write into {run.root}: permission denied")
     host, pid = rundir.hostname(), os.getpid()
-    rank_env = build_env(os.environ, run, cfg, nccl_log=nccl_log)
+    rank_env = build_env({**os.environ, **(extra_env or {})}, run, cfg, nccl_log=nccl_log)
     telemetry = nvml.probe()
     rec: dict[str, Any] = {
         "run_id": uuid.uuid4().hex[:12],

@@ -1,0 +1,10 @@
+"""Lever `mixed_precision`: large fp32 matrix multiplies on a CPU whose bf16 matrix
+units (AMX / AVX512-BF16) would run them several times faster."""
+
+import sys
+
+from harness import Vectors, args, mlp, train
+
+if __name__ == "__main__":
+    a = args()
+    sys.exit(train(mlp(512, 512, 3, 10), Vectors(65536, 512, 10), steps=a.steps, batch=1024))

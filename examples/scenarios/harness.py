@@ -1,0 +1,126 @@
+"""The training loop the scenarios share: DDP over gloo (or one process), a torch
+DataLoader, AdamW, optional bf16 autocast, gradient accumulation and a slow rank."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import time
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+
+class Vectors(Dataset):
+    """Deterministic random feature vectors and labels; `delay_s` per sample mimics a
+    slow input pipeline (decoding, augmentation, remote storage)."""
+
+    def __init__(self, n: int, dim: int, classes: int, delay_s: float = 0.0) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, dim, generator=g)
+        self.y = torch.randint(0, classes, (n,), generator=g)
+        self.delay_s = delay_s
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return self.x[i], self.y[i]
+
+
+class Batches(Dataset):
+    """Whole batches stored ready (DataLoader(batch_size=None)): no per-sample collate,
+    as a loader of pre-batched shards would give."""
+
+    def __init__(self, batches: int, batch: int, dim: int, classes: int) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(batches, batch, dim, generator=g)
+        self.y = torch.randint(0, classes, (batches, batch), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[i], self.y[i]
+
+
+def mlp(dim: int, hidden: int, layers: int, classes: int) -> nn.Module:
+    blocks: list[nn.Module] = [nn.Linear(dim, hidden), nn.ReLU()]
+    for _ in range(layers - 1):
+        blocks += [nn.Linear(hidden, hidden), nn.ReLU()]
+    return nn.Sequential(*blocks, nn.Linear(hidden, classes))
+
+
+def busy(ms: float) -> None:
+    """Real CPU work (not a sleep) for about `ms` milliseconds."""
+    a = torch.randn(64, 64)
+    end = time.perf_counter() + ms / 1000
+    while time.perf_counter() < end:
+        a = torch.tanh(a @ a)
+
+
+def args(extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=20)
+    if extra:
+        extra(p)
+    return p.parse_args()
+
+
+def train(
+    model: nn.Module,
+    data: Dataset,
+    *,
+    steps: int,
+    batch: int | None,
+    bucket_cap_mb: float = 25.0,
+    autocast: bool = False,
+    workers: int = 0,
+    accum: int = 1,
+    slow_rank: int = -1,
+    slow_ms: float = 0.0,
+    optimizer: str = "adamw",
+) -> int:
+    """`batch=None` takes the dataset's items as whole batches."""
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if distributed:
+        dist.init_process_group("gloo")
+        model = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
+    rank = dist.get_rank() if distributed else 0
+    sampler = DistributedSampler(data, shuffle=False) if distributed else None
+    loader = DataLoader(data, batch_size=batch, sampler=sampler, num_workers=workers,
+                        drop_last=batch is not None)
+    opt = (torch.optim.SGD(model.parameters(), lr=1e-2) if optimizer == "sgd"
+           else torch.optim.AdamW(model.parameters(), lr=1e-3))
+    loss_fn = nn.CrossEntropyLoss()
+    done = micro = 0
+    while done < steps:
+        for x, y in loader:
+            if rank == slow_rank and micro % accum == 0:
+                busy(slow_ms)
+            micro += 1
+            sync = micro % accum == 0
+            ctx = model.no_sync() if distributed and not sync else contextlib.nullcontext()
+            amp = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+            with ctx:
+                with amp:
+                    loss = loss_fn(model(x), y) / accum
+                loss.backward()
+            if not sync:
+                continue
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            done += 1
+            if done >= steps:
+                break
+    if distributed:
+        dist.destroy_process_group()
+    return 0

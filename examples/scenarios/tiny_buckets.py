@@ -1,0 +1,11 @@
+"""Lever `ddp_bucket_size`: a deep MLP whose gradients DDP sends in dozens of tiny
+buckets (bucket_cap_mb=0.05): each all-reduce pays the full latency."""
+
+import sys
+
+from harness import Vectors, args, mlp, train
+
+if __name__ == "__main__":
+    a = args()
+    sys.exit(train(mlp(256, 256, 24, 10), Vectors(8192, 256, 10), steps=a.steps, batch=32, bucket_cap_mb=0.05,
+                   autocast=True))

@@ -1,0 +1,56 @@
+"""One real job per lever with its problem planted (examples/scenarios/, 2 ranks, gloo
+on the CPU): the expected lever must be the top finding; the healthy control gets none."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_pardiag, torchrun
+
+pytestmark = pytest.mark.slow
+SCENARIOS = REPO / "examples" / "scenarios"
+
+
+def cpu_has_bf16_matmul() -> bool:
+    try:
+        flags = next(l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("flags"))
+    except (OSError, StopIteration):
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def findings_of(tmp_path: Path, script: str, *pardiag_args: str) -> list[dict]:
+    out = tmp_path / script
+    res = run_pardiag("run", "-q", "--out", str(out), *pardiag_args, "--",
+                      *torchrun(2, SCENARIOS / f"{script}.py", "--steps", "20"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    doc = json.loads(run_pardiag("analyze", str(out), "--json").stdout)
+    return doc["findings"]
+
+
+@pytest.mark.parametrize(
+    "script, lever, extra",
+    [
+        ("tiny_buckets", "ddp_bucket_size", ()),
+        ("slow_input", "dataloader", ()),
+        pytest.param("fp32_matmul", "mixed_precision", (), marks=pytest.mark.skipif(
+            not cpu_has_bf16_matmul(), reason="this CPU has no bf16 matrix units: fp32 is the right choice here")),
+        ("slow_rank", "straggler", ()),
+        ("comm_bound", "gradient_accumulation", ()),
+        ("too_large", "sharding", ("--memory-per-rank", "400MiB")),
+    ],
+)
+def test_planted_problem_is_the_top_finding(tmp_path: Path, script: str, lever: str, extra: tuple[str, ...]) -> None:
+    findings = findings_of(tmp_path, script, *extra)
+    assert findings, f"{script}: no finding"
+    assert findings[0]["lever"] == lever, [(f["lever"], f["severity"], f["est_saving_pct"]) for f in findings]
+    top = findings[0]
+    assert top["evidence"] and (top["action"].get("code") or top["action"].get("env") or top["action"].get("text"))
+
+
+def test_healthy_control_gets_no_finding(tmp_path: Path) -> None:
+    findings = findings_of(tmp_path, "healthy")
+    assert findings == [], [(f["lever"], f["title"]) for f in findings]
