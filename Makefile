@@ -21,7 +21,11 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/pardiag demo
 
+# The report tests open the HTML in headless Chromium (Debian's package); they skip
+# with a reason where it cannot be installed.
 test: $(STAMP)
+	@command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && \
+		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "chromium not installed: browser tests will skip"; }
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 bench: $(STAMP)

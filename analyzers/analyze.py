@@ -179,19 +179,21 @@ def analyze_path(
     if offsets and max(abs(v) for v in offsets.values()) > SKEW_WARN_US:
         notices.append(Notice("warning", f"clocks differ by up to {max(abs(v) for v in offsets.values()) / 1e6:.1f} s between ranks; cross-rank timelines are aligned from collective end times"))
     hta = _hta(inputs, summaries, notices) if use_hta else None
-    nccl, nccl_findings = _nccl(run, nccl_logs, world, notices)
+    nccl, extra_findings = _nccl(run, nccl_logs, world, notices)
+    telemetry = _telemetry(run, stragglers, extra_findings, notices) if run is not None else {}
     from pardiag.analyzers.levers import advise
 
     return advise(Analysis(
         hta=hta,
         nccl=nccl,
+        telemetry=telemetry,
         run=_run_info(path, manifest, metas, inputs, world, offsets),
         ranks=ranks,
         collectives=matched.collectives,
         stragglers=stragglers,
         process_groups=process_groups(traces, matched.collectives, world),
         notices=notices,
-    ), extra=nccl_findings)
+    ), extra=extra_findings)
 
 
 def _nccl(
@@ -209,6 +211,18 @@ def _nccl(
     if hang:
         notices.append(Notice("error", f"hang: {hang.get('summary')}"))
     return block, [Finding(**f) for f in raw]
+
+
+def _telemetry(run: rundir.RunDir, stragglers: list[Any], findings: list[Finding], notices: list[Notice]) -> dict[str, Any]:
+    from pardiag.analyzers.telemetry import gpu_health_findings, telemetry_block
+
+    try:
+        block = telemetry_block(run)
+    except Exception as e:  # telemetry is optional; never lose the analysis over it
+        notices.append(Notice("warning", f"telemetry unreadable: {type(e).__name__}: {e}"))
+        return {}
+    findings += [Finding(**f) for f in gpu_health_findings(block, [s.rank for s in stragglers])]
+    return block
 
 
 def _hta(inputs: list[RankInput], summaries: dict[int, TraceSummary], notices: list[Notice]) -> dict[str, Any] | None:

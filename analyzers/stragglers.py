@@ -16,7 +16,8 @@ Two sources, the stronger first:
 The excess reported is the straggler's extra work per step (the sum of its phases'
 excess over the other ranks' medians), at least the others' extra waiting.
 
-Thresholds: a straggler must cost the others at least 5% of the median step time and
+Thresholds: a straggler must cost the others at least 10% of the median step time (as
+TraceML: below that, no finding) and
 at least 1 ms per step, and (where steps.jsonl has at least 5 steps) wait least in at
 least 75% of the steps. Below that, differences between ranks are noise.
 """
@@ -29,7 +30,7 @@ from typing import Any, Mapping, Sequence
 
 from pardiag.analysis import Straggler
 
-MIN_SHARE = 0.05
+MIN_SHARE = 0.10  # TraceML: under 10% of the step is no finding
 MIN_US = 1000.0
 MIN_CONSISTENCY = 0.75
 CAUSE_NAMES = {

@@ -374,7 +374,8 @@ def _finding_view(n: int, f: Finding) -> dict[str, Any]:
     env = f.action.get("env") if isinstance(f.action.get("env"), dict) else None
     return {
         "id": f"finding-{n}", "severity": f.severity, "lever": f.lever, "title": f.title,
-        "evidence": f.evidence, "ranks": clip(rank_ranges(f.ranks), 200) if f.ranks else "",
+        "evidence": f.evidence,
+        "ranks": f"rank{'s' if len(set(f.ranks)) > 1 else ''} {clip(rank_ranges(f.ranks), 200)}" if f.ranks else "",
         "saving": f"{f.est_saving_pct:.0f}%" if f.est_saving_pct else None,
         "code": code, "env": action_env_text(env) if env else None, "doc": _doc_link(f.action.get("doc")),
         "assumption": clip(f.action["assumption"], 300) if isinstance(f.action.get("assumption"), str) else None,
@@ -389,7 +390,8 @@ def _context(a: Analysis) -> dict[str, Any]:
     collectives = top_collectives(a)
     extra = [(name, title, d) for name, title, d in (
         ("nccl", "NCCL", a.nccl), ("telemetry", "GPU telemetry", a.telemetry),
-        ("scaling", "Scaling", a.scaling or {}), ("hta", "HTA cross-check", a.hta or {})) if d]
+        ("scaling", "Scaling", a.scaling or {}), ("hta", "HTA cross-check", a.hta or {}),
+        ("what-if", "What if", getattr(a, "what_if", None) or {})) if d]
     return {
         "a": a, "h": h, "ms": ms, "pct": pct, "command": _command(a), "run_facts": _run_facts(a),
         "setup": " · ".join(x for x in (f"{h.hosts} host{'' if h.hosts == 1 else 's'}" if h.hosts else "",
@@ -404,7 +406,7 @@ def _context(a: Analysis) -> dict[str, Any]:
         "groups": [(g, rank_ranges(g.ranks)) for g in a.process_groups[:MAX_TABLE_ROWS]],
         "notices": sorted(a.notices, key=lambda n: {"error": 0, "warning": 1}.get(n.level, 2))[:MAX_NOTICES],
         "notices_shown": NOTICES_SHOWN,
-        "extra": [(name, title, generic_facts(d)) for name, title, d in extra],
+        "extra": [(name, title, facts) for name, title, d in extra if (facts := generic_facts(d))],
         "charts": figures(a),
     }
 

@@ -13,7 +13,9 @@ from pardiag import rundir
 STATUS_STYLE = {"ok": "green", "partial": "yellow", "skipped": "dim", "failed": "red"}
 
 
-def print_run_summary(run: rundir.RunDir, doc: dict[str, Any], console: Console | None = None) -> None:
+def print_run_summary(
+    run: rundir.RunDir, doc: dict[str, Any], console: Console | None = None, write_report: bool = True
+) -> None:
     console = console or Console(stderr=True, highlight=False)
     code = doc.get("exit_code")
     console.rule("[bold]pardiag")
@@ -40,10 +42,23 @@ def print_run_summary(run: rundir.RunDir, doc: dict[str, Any], console: Console 
         from pardiag.render_text import print_summary
 
         print_summary(analysis, console, next_for=str(run.root))  # failed ranks are among its notices
+        if write_report:
+            _write_report(run, analysis, console)
         return
     for f in doc.get("failed_ranks") or []:
         console.print(f"[red]rank {f['rank']} failed[/] at step {f.get('step')}: ", end="")
         console.print(str(f.get("reason")), markup=False)
+
+
+def _write_report(run: rundir.RunDir, analysis: Any, console: Console) -> None:
+    from pardiag.report_html import render_html
+
+    try:
+        rundir.atomic_write_text(run.report, render_html(analysis), durable=False)
+    except Exception as e:  # the report is a convenience; the run's data is what matters
+        console.print(f"report not written: {type(e).__name__}: {e}", markup=False, style="red")
+        return
+    console.print(f"report: {run.report}", markup=False)
 
 
 def _analyse(run: rundir.RunDir, console: Console) -> Any:

@@ -17,7 +17,7 @@ from typing import Callable
 import pytest
 from plotly.offline import get_plotlyjs
 
-from conftest import FIXTURES
+from conftest import FIXTURES, SHARED
 from pardiag import cli
 from pardiag.analysis import (
     Analysis,
@@ -31,7 +31,7 @@ from pardiag.analysis import (
     Straggler,
     from_dict,
 )
-from pardiag.report_html import BAR_RANKS, figures, render_html
+from pardiag.report_html import BAR_RANKS, figures, generic_facts, render_html
 from pardiag.report_md import md_code_block, md_text, render_markdown
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "report_small.md"
@@ -353,6 +353,30 @@ def test_findings_are_cards_with_copyable_code(analyses: dict[str, Analysis]) ->
     assert "est. 8% faster steps" in html
 
 
+def test_free_form_blocks_render_their_key_facts() -> None:
+    facts = {f["key"]: f for f in generic_facts({
+        "hang": {"never_arrived": [3, 4, 5, 9], "kind": "collective_stuck", "first_error": None,
+                 "collect_next": ["rerun with TORCH_NCCL_TRACE_BUFFER_SIZE=2000 and read the dumps", "py-spy dump --native"]},
+        "warnings": [], "init_s_max": 55.17, "pids": [7, 3], "slow_us": 2500.0,
+        "procs": [{"host": "a", "ranks": [0, 1, 2]}, {"host": "b", "ranks": [3]}],
+    })}
+    assert facts["hang.never_arrived"]["text"] == "3-5,9"
+    assert facts["pids"]["text"] == "7, 3"  # not increasing: not ranges
+    assert facts["hang.kind"]["text"] == "collective_stuck" and facts["init_s_max"]["text"] == "55.17"
+    assert facts["slow_us"]["text"] == "2.50 ms"
+    assert facts["hang.collect_next"]["lines"][1] == "py-spy dump --native"
+    assert facts["procs"]["table"] == {"columns": ["host", "ranks"], "rows": [["a", "0-2"], ["b", "3"]], "more": 0}
+    assert "warnings" not in facts and "hang.first_error" not in facts
+
+
+def test_finding_assumption_and_unsafe_doc_link() -> None:
+    f = Finding(lever="comm_overlap", severity="high", title="t", evidence=["e"], ranks=[0], est_saving_pct=7.0,
+                action={"assumption": "half of the exposed communication hidden", "doc": "javascript:alert(1)"})
+    html = render_html(Analysis(run=run_info(1), ranks=[rank_result(0)], collectives=[], stragglers=[], findings=[f]))
+    assert "Estimate assumes half of the exposed communication hidden." in html
+    assert "javascript:alert" not in html
+
+
 def _figure_json(html: str, div_id: str) -> str:
     m = re.search(r'Plotly\.newPlot\(\s*"' + re.escape(div_id) + r'",\s*(\[.*?\]),\s*\{', html, re.S)
     assert m, div_id
@@ -407,6 +431,19 @@ def test_report_of_plain_traces(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert 'id="fig-gpu"' in html and "all_to_all" in html
     assert cli.main(["report", str(traces), "--format", "md", "-j", "1"]) == 0
     assert "all\\_to\\_all" in capsys.readouterr().out
+
+
+def test_report_with_nccl_logs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    traces = FIXTURES / "gpu-traces" / "sampled-128rank-job"
+    log = SHARED / "reference" / "nccl" / "logs" / "13-nccl1646-v2251-b200-init-timings-slow-kernels.log"
+    if not traces.is_dir() or not log.is_file():
+        pytest.skip("fixture traces or NCCL logs not found")
+    out = tmp_path / "r.html"
+    assert cli.main(["report", str(traces), "--nccl-log", str(log), "-j", "1", "-o", str(out)]) == 0
+    html = out.read_text()
+    assert 'id="nccl"' in html and "Communicator init" in html
+    assert cli.main(["report", str(traces), "--nccl-log", str(tmp_path / "none.log")]) == 2
+    assert "--nccl-log" in capsys.readouterr().err
 
 
 def test_report_command_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -65,6 +65,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="plan for devices of this memory (e.g. 24GiB, 80GB): the sharding advice uses it "
                         "instead of the memory the ranks have")
     p.add_argument("--job-id", help="shared by every node's `pardiag run` of one job (default: from SLURM or the torchrun rendezvous)")
+    p.add_argument("--telemetry-interval", type=float, default=0.1, metavar="SECONDS",
+                   help="GPU telemetry (NVML) sampling interval; 0 turns it off (default: 0.1)")
     p.add_argument("--no-report", action="store_true", help="do not write report.html after the run")
     p.add_argument("--quiet", "-q", action="store_true", help="print only the run directory at the end")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command to run, after --")
@@ -82,8 +84,10 @@ def execute(args: argparse.Namespace) -> int:
         extra_env["PARDIAG_MEMORY_PER_RANK"] = str(parse_size(args.memory_per_rank))
     job_key = args.job_id or job_key_from(cmd, os.environ)
     run = choose_run_dir(args.out, cmd, job_key)
+    if args.telemetry_interval < 0:
+        raise UserError("--telemetry-interval must be 0 (off) or a positive number of seconds")
     return record(run, cmd, cfg, job_key, nccl_log=not args.no_nccl_log, quiet=args.quiet,
-                  report=not args.no_report, extra_env=extra_env)
+                  report=not args.no_report, extra_env=extra_env, telemetry_interval=args.telemetry_interval)
 
 
 def parse_size(text: str) -> int:
@@ -231,6 +235,7 @@ def record(
     quiet: bool = False,
     report: bool = True,
     extra_env: dict[str, str] | None = None,
+    telemetry_interval: float = 0.1,
 ) -> int:
     from pardiag.collectors import nvml
 
@@ -243,7 +248,8 @@ def record(
         raise UserError(f"cannot write into {run.root}: permission denied")
     host, pid = rundir.hostname(), os.getpid()
     rank_env = build_env({**os.environ, **(extra_env or {})}, run, cfg, nccl_log=nccl_log)
-    telemetry = nvml.probe()
+    sampling = nvml.start_sampler(run, interval_s=telemetry_interval) if telemetry_interval > 0 else None
+    telemetry = sampling.status if sampling else {"status": "skipped", "reason": "--telemetry-interval 0"}
     rec: dict[str, Any] = {
         "run_id": uuid.uuid4().hex[:12],
         "job_key": job_key,
@@ -292,6 +298,9 @@ def record(
     )
     if result.error:
         print(f"pardiag: error: {result.error}", file=sys.stderr)
+    if sampling and sampling.sampler is not None:
+        telemetry = sampling.sampler.stop()
+        telemetry["split"] = nvml.split_by_rank(run, host)
     rec.update(
         status="ended",
         ended=result.ended,
@@ -299,6 +308,7 @@ def record(
         signals_received=result.signals_received,
         killed_by_signal=result.killed_by_signal,
         error=result.error,
+        telemetry=telemetry,
     )
     compress_traces(run, host)
     try:
@@ -310,7 +320,7 @@ def record(
     if not quiet:
         from pardiag.summary import print_run_summary
 
-        print_run_summary(run, doc)
+        print_run_summary(run, doc, write_report=report)
     else:
         print(run.root)
     return result.exit_code
