@@ -161,17 +161,26 @@ def analyze_path(
     )
     _self_checks(traces, matched, world, manifest, notices, run, inputs)
 
+    step_records = {r.rank: rundir.read_steps(run, r.rank) if run is not None else [] for r in ranks}
     evidence = {
         r.rank: RankEvidence(
             rank=r.rank,
             steps_in_window=r.steps_profiled,
             wait_us=r.wait_us,
             phases_us=r.phases_us,
-            step_records=rundir.read_steps(run, r.rank) if run is not None else [],
+            step_records=step_records[r.rank],
         )
         for r in ranks
         if r.steps_profiled > 0 or run is not None
     }
+    hang = None
+    if run is not None:
+        from pardiag.analyzers.hang import diagnose, last_finished_steps
+
+        hang = diagnose({r: (m or {}).get("exit") or {} for r, m in metas.items()},
+                        last_finished_steps(step_records), world)
+        if hang:
+            notices.append(Notice("error", f"hang: {hang['summary']}"))
     stragglers = find_stragglers(evidence)
     offsets = clock_offsets(
         {r: end_times(t.collectives, (summaries[r].base_time_ns or 0) / 1e3) for r, t in traces.items()}
@@ -184,6 +193,7 @@ def analyze_path(
     from pardiag.analyzers.levers import advise
 
     return advise(Analysis(
+        hang=hang,
         hta=hta,
         nccl=nccl,
         telemetry=telemetry,

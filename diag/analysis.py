@@ -148,6 +148,7 @@ class Analysis:
     notices: list[Notice] = field(default_factory=list)
     hta: dict[str, Any] | None = None
     what_if: dict[str, Any] | None = None  # projected step time if the findings were applied
+    hang: dict[str, Any] | None = None  # who timed out in which collective, who never arrived
 
     def to_dict(self) -> dict[str, Any]:
         d = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION}
@@ -196,6 +197,7 @@ def from_dict(doc: Mapping[str, Any], source: str = "analysis") -> Analysis:
         notices=[_build(Notice, n) for n in doc.get("notices", [])],
         hta=doc.get("hta"),
         what_if=doc.get("what_if"),
+        hang=doc.get("hang"),
     )
 
 

@@ -131,6 +131,14 @@ def print_summary(a: Analysis, console: Console | None = None, next_for: str | N
         if len(a.process_groups) > 1:
             console.print(Text(f"group {g.name} ({g.desc or 'no description'}): {g.role}, size {g.size}, "
                                f"{_ms(g.total_us)} ms in collectives, {_ms(g.wait_us)} ms waiting"))
+    if a.hang:
+        console.print(Text("hang: " + a.hang["summary"], style="bold red"))
+        for w in a.hang.get("waited", []):
+            console.print(Text(f"  rank {w['rank']} waited in step {w['step']}: {w['message'][:120]}", style="red"))
+        for x in a.hang.get("late", []):
+            console.print(Text(f"  rank {x['rank']} {x['reason']}", style="red"))
+        for line in a.hang.get("collect_next", [])[:3]:
+            console.print(Text(f"  next: {line}", style="dim"))
     if a.nccl:
         print_nccl(a, console)
     if a.findings:

@@ -1,0 +1,92 @@
+"""Hang diagnosis from pardiag's own records, for any backend.
+
+When a collective times out, the ranks that reached it raise (gloo: "Timed out
+waiting ... for recv"; NCCL: the watchdog's "collective operation timeout") and the
+rank that never arrived is usually still blocked elsewhere or killed by the launcher.
+Each rank's meta.json records how it ended (the exception and the step it was in)
+and steps.jsonl the last step it finished, which is enough to say who waited, where,
+and who never came. NCCL's own logs give more (sequence numbers, op types): see
+nccl_findings.hang_diagnosis; this works without them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping, Sequence
+
+TIMEOUT = re.compile(
+    r"timed out|timeout|watchdog caught collective|DistBackendError|"
+    r"connection (reset|closed) by peer|Connection closed by peer",
+    re.IGNORECASE,
+)
+_WAIT_MS = re.compile(r"(?:waiting|Timeout\(ms\)=)\s*(\d+)\s*ms|Timeout\(ms\)=(\d+)", re.IGNORECASE)
+_OP = re.compile(r"OpType=(\w+)|for (recv|send) operation|(all_?reduce|all_?gather|reduce_?scatter|broadcast|barrier)", re.IGNORECASE)
+
+NEXT_STEPS = [
+    "py-spy dump --pid <pid of the late rank> (where its Python is blocked)",
+    "rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL: mismatched collectives raise at once instead of hanging",
+    "for NCCL, the flight recorder dumps (pardiag sets TORCH_NCCL_DUMP_ON_TIMEOUT=1; see the run's flight/ folder)",
+]
+
+
+def _op(message: str) -> str | None:
+    m = _OP.search(message)
+    if not m:
+        return None
+    return next(g for g in m.groups() if g).lower()
+
+
+def diagnose(
+    exits: Mapping[int, Mapping[str, Any]],
+    last_steps: Mapping[int, int | None],
+    world_size: int,
+) -> dict[str, Any] | None:
+    """`exits`: rank -> meta.json's `exit` record; `last_steps`: rank -> last finished
+    step (None: none). Returns None unless some rank timed out in a collective."""
+    stuck = {
+        r: e for r, e in exits.items() if e.get("status") == "exception" and TIMEOUT.search(str(e.get("message", "")))
+    }
+    if not stuck:
+        return None
+    step = min(int(e.get("step") or 0) for e in stuck.values())
+    waited = []
+    for r, e in sorted(stuck.items()):
+        msg = str(e.get("message", ""))
+        ms = _WAIT_MS.search(msg)
+        waited.append({
+            "rank": r,
+            "step": e.get("step"),
+            "op": _op(msg),
+            "timeout_ms": int(next(g for g in ms.groups() if g)) if ms else None,
+            "message": msg[:300],
+        })
+    late = []
+    for r in range(world_size):
+        if r in stuck:
+            continue
+        last = last_steps.get(r)
+        ex = exits.get(r) or {}
+        if last is None or last < step:
+            late.append({
+                "rank": r,
+                "last_step": last,
+                "ended": ex.get("status") or "no record",
+                "reason": "never reached the collective"
+                + (f": its last finished step is {last}" if last is not None else ": it finished no step")
+                + ("" if ex.get("status") not in ("running", None) else "; it was killed or is still running"),
+            })
+    ops = sorted({w["op"] for w in waited if w["op"]})
+    summary = (
+        f"rank(s) {', '.join(str(w['rank']) for w in waited)} timed out in a collective"
+        + (f" ({', '.join(ops)})" if ops else "")
+        + f" during step {step}"
+    )
+    if late:
+        summary += f"; rank(s) {', '.join(str(x['rank']) for x in late)} never arrived"
+    else:
+        summary += "; every rank reached that step: a mismatch of collectives or a network fault"
+    return {"source": "pardiag", "step": step, "summary": summary, "waited": waited, "late": late, "collect_next": NEXT_STEPS}
+
+
+def last_finished_steps(step_records: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[int, int | None]:
+    return {r: (max(int(x["step"]) for x in recs) if recs else None) for r, recs in step_records.items()}
