@@ -201,7 +201,8 @@ def analyze_path(
         ranks=ranks,
         collectives=matched.collectives,
         stragglers=stragglers,
-        process_groups=process_groups(traces, matched.collectives, world),
+        process_groups=process_groups(traces, matched.collectives, world,
+                                      fsdp=any((m or {}).get("fsdp") for m in metas.values())),
         notices=notices,
     ), extra=extra_findings)
 

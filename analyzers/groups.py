@@ -28,12 +28,14 @@ DESC_ROLES = (
 )
 
 
-def role_of(desc: str, ranks: Sequence[int], world: int, ops: Mapping[str, int]) -> str:
+def role_of(desc: str, ranks: Sequence[int], world: int, ops: Mapping[str, int], fsdp: bool = False) -> str:
+    """`fsdp`: the job shards with FSDP (gloo has no reduce-scatter, so FSDP's gradient
+    reduction shows as all-reduce there)."""
     for pattern, role in DESC_ROLES:
         if desc and pattern.search(desc):
             return role
     names = " ".join(ops)
-    if "all_gather" in names and "reduce_scatter" in names:
+    if "all_gather" in names and ("reduce_scatter" in names or (fsdp and "all_reduce" in names)):
         return "FSDP shard"
     if "send" in names or "recv" in names:
         return "pipeline-parallel"
@@ -49,7 +51,9 @@ def role_of(desc: str, ranks: Sequence[int], world: int, ops: Mapping[str, int])
     return "unknown"
 
 
-def process_groups(traces: Mapping[int, Any], collectives: Sequence[Collective], world: int) -> list[ProcessGroup]:
+def process_groups(
+    traces: Mapping[int, Any], collectives: Sequence[Collective], world: int, fsdp: bool = False
+) -> list[ProcessGroup]:
     configs: dict[str, dict[str, Any]] = {}
     for t in traces.values():
         for pg in getattr(t, "pg_config", ()):
@@ -71,7 +75,8 @@ def process_groups(traces: Mapping[int, Any], collectives: Sequence[Collective],
             ProcessGroup(
                 name=name,
                 desc=cfg.get("desc") or desc,
-                role=role_of(cfg.get("desc") or desc, ranks or list(range(world)) if not cfg else ranks, world, ops.get(key, {})),
+                role=role_of(cfg.get("desc") or desc, ranks or list(range(world)) if not cfg else ranks, world,
+                             ops.get(key, {}), fsdp),
                 size=cfg.get("size") or (len(ranks) or None),
                 ranks=ranks,
                 ops=dict(sorted(ops.get(key, {}).items())),

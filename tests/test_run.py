@@ -352,3 +352,21 @@ def test_merge_joins_per_node_directories(tmp_path: Path) -> None:
     # merging into a directory that is not empty is refused, nothing is overwritten
     res = run_pardiag("merge", str(tmp_path / "node0"), "-o", str(tmp_path / "all"))
     assert res.returncode == 2 and "not empty" in res.stderr
+
+
+def test_fsdp2_collectives_per_process_group(tmp_path: Path) -> None:
+    out = tmp_path / "fsdp"
+    res = run_pardiag("run", "-q", "--no-report", "--out", str(out), "--profile-steps", "3,1,2", "--",
+                      *torchrun(2, SCRIPTS / "fsdp2.py"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    meta = read_json(out / "ranks/0/meta.json")
+    f2 = meta["fsdp"]["fsdp2"]
+    assert f2["dtensor_params"] == 8 and f2["mesh_shape"] == [2] and f2["placements"] == ["(Shard(dim=0),)"]
+    assert meta["parameters"]["local_bytes"] == 4 * (128 * 128 + 128) * 4 // 2  # half of each tensor per rank
+    doc = json.loads(run_pardiag("analyze", str(out), "--json").stdout)
+    ops = {c["op"]: c for c in doc["collectives"]}
+    # 4 sharded layers + the root: all-gathers in forward and again in backward, every step
+    assert ops["all_gather"]["calls"] >= 2 * 4 * 2 and ops["all_gather"]["process_group"] == "0:default_pg"
+    assert "reduce_scatter" in ops or "all_reduce" in ops  # gloo reduces gradients with all-reduce
+    (group,) = doc["process_groups"]
+    assert group["role"] == "FSDP shard" and group["ranks"] == [0, 1]
