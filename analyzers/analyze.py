@@ -137,7 +137,7 @@ def analyze_path(
     manifest = _manifest(run, notices) if run is not None else {}
     metas = {i.rank: _meta(run, i.rank) for i in inputs} if run is not None else {}
 
-    summaries = _summarise_all([i for i in inputs if i.trace is not None], jobs, progress)
+    summaries = _summarise_all([i for i in inputs if i.trace is not None], jobs, progress, run)
     for i in inputs:
         if i.trace is None:
             notices.append(Notice("warning", f"rank {i.rank}: no profiler trace ({_why_no_trace(metas.get(i.rank))})"))
@@ -250,11 +250,28 @@ def _hta(inputs: list[RankInput], summaries: dict[int, TraceSummary], notices: l
         return None
 
 
-def _summarise_all(inputs: list[RankInput], jobs: int | None, progress: Progress | None) -> dict[int, TraceSummary]:
+def _summarise_all(
+    inputs: list[RankInput], jobs: int | None, progress: Progress | None, run: rundir.RunDir | None = None
+) -> dict[int, TraceSummary]:
+    """Per-rank results: from the node's summary.json where it matches the trace,
+    else by parsing the trace in a pool of processes."""
     out: dict[int, TraceSummary] = {}
+    if run is not None:
+        from pardiag.analyzers import reduce
+
+        rest = []
+        for i in inputs:
+            got = reduce.load(run, i.rank, i.trace) if i.trace is not None else None
+            if got is None:
+                rest.append(i)
+            else:
+                out[i.rank] = TraceSummary(i.rank, got[0], got[1], got[2], None, None)
+        inputs = rest
     total = len(inputs)
     if progress:
         progress(0, total)
+    if not inputs:
+        return out
     workers = min(jobs or os.cpu_count() or 1, total)
     if workers <= 1:
         for n, i in enumerate(inputs, 1):

@@ -13,6 +13,7 @@ Layout (format version 1)::
                                     the launcher has compressed it)
       ranks/<rank>/steps.jsonl      one line per training step, every step
       ranks/<rank>/meta.json        what the rank used (DDP, FSDP, AMP, DataLoader, ...)
+      ranks/<rank>/summary.json     the trace reduced on its node: breakdown, phases, collectives
       ranks/<rank>/telemetry.jsonl  NVML samples
       nccl/<host>.<pid>.log         NCCL_DEBUG output
       flight/                       PyTorch flight-recorder dumps
@@ -108,6 +109,10 @@ class RunDir:
             if path.is_file():
                 return path, complete
         return None, False
+
+    def summary(self, rank: int) -> Path:
+        """Compact per-rank result of the trace, written on the rank's node after the job."""
+        return self.rank_dir(rank) / "summary.json"
 
     def steps(self, rank: int) -> Path:
         return self.rank_dir(rank) / "steps.jsonl"

@@ -370,3 +370,31 @@ def test_fsdp2_collectives_per_process_group(tmp_path: Path) -> None:
     assert "reduce_scatter" in ops or "all_reduce" in ops  # gloo reduces gradients with all-reduce
     (group,) = doc["process_groups"]
     assert group["role"] == "FSDP shard" and group["ranks"] == [0, 1]
+
+
+def test_node_summaries_give_the_same_analysis(ddp_run, tmp_path: Path) -> None:
+    """Each node summarises its ranks' traces after the job; the central analysis reads the
+    summaries and gets exactly what parsing the traces gives. A summary that no longer
+    matches its trace is ignored."""
+    import os
+    import shutil
+
+    _res, src = ddp_run
+    out = tmp_path / "copy"
+    shutil.copytree(src, out)
+    for rank in (0, 1):
+        doc = read_json(out / f"ranks/{rank}/summary.json")
+        assert doc["format"] == "pardiag.rank-summary" and doc["source"]["trace"] == "trace.json.gz"
+    from_summaries = json.loads(run_pardiag("analyze", str(out), "--json", "--force").stdout)
+    for rank in (0, 1):
+        (out / f"ranks/{rank}/summary.json").unlink()
+    from_traces = json.loads(run_pardiag("analyze", str(out), "--json", "--force").stdout)
+    assert from_summaries == from_traces
+    # a stale summary (the trace changed since) is not used
+    shutil.copy(src / "ranks/0/summary.json", out / "ranks/0/summary.json")
+    trace = out / "ranks/0/trace.json.gz"
+    os.utime(trace, ns=(trace.stat().st_atime_ns, trace.stat().st_mtime_ns + 1_000_000_000))
+    from pardiag.analyzers import reduce
+    from pardiag.rundir import RunDir
+
+    assert reduce.load(RunDir(out), 0, trace) is None

@@ -311,6 +311,7 @@ def record(
         telemetry=telemetry,
     )
     compress_traces(run, host)
+    reduce_traces(run, host)
     try:
         manifest.write_launcher_record(run, rec)
         doc = manifest.write(run)
@@ -352,6 +353,31 @@ def compress_traces(run: rundir.RunDir, host: str) -> None:
                 fut.result()
             except OSError as e:
                 print(f"pardiag: warning: could not compress {raw}: {e}", file=sys.stderr)
+
+
+def reduce_traces(run: rundir.RunDir, host: str) -> None:
+    """Summarise this node's traces here, in parallel, so the central analysis of a
+    large job reads summaries instead of every trace."""
+    from pardiag.analyzers.reduce import reduce_ranks
+
+    mine = []
+    for r in run.ranks():
+        try:
+            owner = rundir.read_meta(run, r).get("host")
+        except rundir.RunDirError:
+            owner = None
+        if owner in (None, host):
+            mine.append(r)
+    if len(mine) > 8:
+        print(f"pardiag: summarising {len(mine)} traces on {host}", file=sys.stderr, flush=True)
+    try:
+        errors = reduce_ranks(run, mine)
+    except Exception as e:  # the traces are kept: the analysis can still read them
+        print(f"pardiag: warning: could not summarise the traces: {e}", file=sys.stderr)
+        return
+    for rank, err in sorted(errors.items()):
+        if err:
+            print(f"pardiag: warning: rank {rank}: {err}", file=sys.stderr)
 
 
 def quoted(cmd: Sequence[str]) -> str:
