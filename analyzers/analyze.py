@@ -279,7 +279,7 @@ def _summarise_all(
             if progress:
                 progress(n, total)
         return out
-    with ProcessPoolExecutor(max_workers=workers, max_tasks_per_child=8) as pool:
+    with ProcessPoolExecutor(max_workers=workers) as pool:
         futures = {pool.submit(_summarise, i): i for i in inputs}
         for n, fut in enumerate(as_completed(futures), 1):
             i = futures[fut]

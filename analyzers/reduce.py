@@ -93,7 +93,7 @@ def reduce_ranks(run: rundir.RunDir, ranks: Sequence[int], jobs: int | None = No
     if not todo:
         return out
     workers = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
-    with ProcessPoolExecutor(max_workers=workers, max_tasks_per_child=16) as pool:
+    with ProcessPoolExecutor(max_workers=workers) as pool:
         futures = [pool.submit(_reduce_one, str(run.root), r, str(t), c) for r, t, c in todo]
         for n, fut in enumerate(as_completed(futures), 1):
             try:

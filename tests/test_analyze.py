@@ -139,3 +139,15 @@ def test_nccl_logs_of_a_run_and_from_the_command_line(two_ranks: Path, tmp_path:
                for n in doc["notices"])
     res = run_pardiag("analyze", str(two_ranks), "--nccl-log", str(tmp_path / "missing.log"))
     assert res.returncode == 2 and "no such file" in res.stderr
+
+
+def test_many_traces_in_parallel_workers(tmp_path: Path) -> None:
+    """More traces than a worker process takes in its life: the pool must not stall."""
+    for r in range(20):
+        write_trace(tmp_path / f"rank{r}.json", cpu_rank(1600 + r, 100 + r), rank=r, world=20)
+    res = run_pardiag("analyze", str(tmp_path), "--json", "--jobs", "2", timeout=120)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert [r["rank"] for r in doc["ranks"]] == list(range(20))
+    # durations 100..119 us: the shortest is the transfer of the one all-reduce
+    assert doc["collectives"][0]["transfer_us"] == 100.0
