@@ -128,16 +128,20 @@ class ProfilerWindow:
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         try:
             prof.export_chrome_trace(str(tmp))
+            if not tmp.is_file():  # the exporter reports a failed write only in its log
+                raise OSError(f"torch.profiler could not write {target.name} (is the disk full?)")
             os.replace(tmp, target)
             self.trace_bytes = target.stat().st_size
         except Exception as e:
             self.on_error("profiler.export", e)
             self.reason = f"trace could not be written: {type(e).__name__}: {e}"
             self.complete = False
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            # the exporter may leave its own temporary file (tmp + ".tmp") on a full disk
+            for junk in (tmp, tmp.with_name(tmp.name + ".tmp")):
+                try:
+                    os.unlink(junk)
+                except OSError:
+                    pass
         self.export_s = time.perf_counter() - t0
         self._finished = True
 
@@ -179,8 +183,8 @@ class ProfilerWindow:
             st, reason = "skipped", (
                 f"the run ended before step {self.schedule.wait} where the window opens"
             )
-        elif self.state == "failed":
-            st, reason = "failed", self.reason
+        elif self.state == "failed" or (self.state in ("done", "done_partial") and not self.trace_bytes):
+            st, reason = "failed", self.reason or "no trace was written"
         elif self.complete:
             st, reason = "ok", None
         else:

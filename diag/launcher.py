@@ -69,13 +69,16 @@ class _Tee(threading.Thread):
                 self._write(logf, pending)
         finally:
             if logf is not None:
-                logf.close()
+                try:
+                    logf.close()
+                except OSError:  # disk full: what was written is kept, the job goes on
+                    pass
 
     def _write(self, logf: IO[bytes], data: bytes) -> None:
         try:
             logf.write(self.clean(data.decode("utf-8", "replace")).encode("utf-8"))
             logf.flush()
-        except OSError:
+        except (OSError, ValueError):
             pass
 
 
