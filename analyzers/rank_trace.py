@@ -143,6 +143,9 @@ def analyze_rank_trace(trace: Trace, drop_last_step: bool = False) -> RankTrace:
 
     cpu = trace.cpu
     names = trace.names
+    negative = int((cpu.dur_us < 0).sum() + (trace.gpu.dur_us < 0).sum())
+    if negative:
+        notices.append(f"{negative} events with a negative duration were left out")
     cat_cpu_op = [i for i, c in enumerate(trace.cats) if c == "cpu_op"]
     is_op = np.isin(cpu.cat_id, cat_cpu_op)
     is_comm = np.isin(cpu.name_id, _ids(names, COMM))
