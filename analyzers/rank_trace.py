@@ -112,6 +112,8 @@ def profiled_steps(trace: Trace) -> tuple[tuple[StepSpan, ...], int | None]:
     for i in sel[cpu.tid[sel] == main_tid]:
         num = int(STEP.match(names[cpu.name_id[i]]).group(1))  # type: ignore[union-attr]
         s, d = float(cpu.ts_us[i]), float(cpu.dur_us[i])
+        if not (math.isfinite(s) and math.isfinite(d)) or d <= 0:
+            continue  # a broken step mark is no window
         if num not in spans or d > spans[num].end_us - spans[num].start_us:
             spans[num] = StepSpan(num, s, s + d)
     return tuple(spans[k] for k in sorted(spans)), main_tid
@@ -136,10 +138,10 @@ def analyze_rank_trace(trace: Trace, drop_last_step: bool = False) -> RankTrace:
         notices.append("no ProfilerStep in the trace: the window is the whole trace")
         lo = float(trace.min_ts_us) if math.isfinite(trace.min_ts_us) else 0.0
         ends = [trace.cpu.ts_us + trace.cpu.dur_us, trace.gpu.ts_us + trace.gpu.dur_us]
-        hi = max((float(e.max()) for e in ends if e.size), default=lo)
-        window = (lo, hi)
+        hi = max((float(np.nanmax(e)) for e in ends if e.size), default=lo)
+        window = (lo, max(lo, hi) if math.isfinite(hi) else lo)
     else:
-        window = (steps[0].start_us, steps[-1].end_us)
+        window = (steps[0].start_us, max(steps[0].start_us, steps[-1].end_us))
 
     cpu = trace.cpu
     names = trace.names
