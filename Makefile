@@ -21,11 +21,18 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/pardiag demo
 
-# The report tests open the HTML in headless Chromium (Debian's package); they skip
-# with a reason where it cannot be installed.
+# The report tests open the HTML in headless Chromium and the TUI tests drive the real
+# program in tmux (Debian's packages); those tests skip with a reason where the
+# packages cannot be installed.
+TEST_PACKAGES := chromium tmux
+
 test: $(STAMP)
-	@command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && \
-		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "chromium not installed: browser tests will skip"; }
+	@missing=""; for p in $(TEST_PACKAGES); do command -v $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+			(apt-get update -qq && apt-get install -y -qq $$missing >/dev/null) || echo "could not install$$missing: those tests will skip"; \
+		else echo "not installed:$$missing: those tests will skip"; fi; \
+	fi
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 bench: $(STAMP)

@@ -405,8 +405,11 @@ def _self_checks(
         missing = sorted(set(range(world)) - {i.rank for i in inputs})
         if missing and len(missing) < world:
             notices.append(Notice("warning", f"no data from rank(s) {_ranges(missing)} of {world}"))
+    from pardiag.redact import home_paths, redact_value
+
     for f in manifest.get("failed_ranks") or []:
-        notices.append(Notice("error", f"rank {f.get('rank')} failed at step {f.get('step')}: {f.get('reason')}"))
+        reason = home_paths(redact_value(str(f.get("reason"))))
+        notices.append(Notice("error", f"rank {f.get('rank')} failed at step {f.get('step')}: {reason}"))
 
 
 def _ranges(xs: list[int]) -> str:
@@ -423,14 +426,17 @@ def _run_info(
     world: int,
     offsets: dict[int, float],
 ) -> dict[str, Any]:
+    from pardiag.redact import home_paths, redact_value
+
     first = next((m for m in metas.values() if m), {})
+    command = manifest.get("command")
     return {
-        "path": str(path),
+        "path": home_paths(str(path)),
         "world_size": world,
         "ranks_analyzed": len(inputs),
         "backend": manifest.get("backend") or first.get("backend"),
         "device_type": manifest.get("device_type") or (first.get("device") or {}).get("type"),
-        "command": manifest.get("command"),
+        "command": [home_paths(redact_value(str(c))) for c in command] if isinstance(command, list) else command,
         "launcher": manifest.get("launcher"),
         "hosts": manifest.get("hosts") or sorted({m.get("host") for m in metas.values() if m.get("host")}),
         "exit_code": manifest.get("exit_code"),

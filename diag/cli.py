@@ -20,6 +20,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("demo", "run the bundled example job on this machine (CPU, 2 ranks) end to end"),
     "merge": ("merge", "join per-node run directories into one"),
     "report": ("report", "render an HTML report, a markdown PR comment or the JSON of a run"),
+    "tui": ("tui", "explore a run in the terminal: ranks, collectives, timeline, NCCL setup, findings"),
+    "diff": ("diff", "compare two runs: step-time change with a significance test; exit 1 on a regression"),
 }
 
 EPILOG = """examples:

@@ -78,6 +78,19 @@ def redact_argv(argv: Iterable[str]) -> list[str]:
     return out
 
 
+def home_paths(text: str, home: str | None = None) -> str:
+    """The user's home directory written as `~` (reports are shared; where a person's
+    files live is not the reader's business). PARDIAG_SHOW_PATHS=1 keeps paths."""
+    import os
+
+    if os.environ.get("PARDIAG_SHOW_PATHS") == "1":
+        return text
+    home = home if home is not None else os.path.expanduser("~")
+    if not home or home == "/" or len(home) < 2:
+        return text
+    return re.sub(re.escape(home.rstrip("/")) + r"(?=/|\b|$)", "~", text)
+
+
 def redact_text(text: str, env: Mapping[str, str] | None = None) -> str:
     """Log lines: token shapes, plus the literal values of secret variables in `env`."""
     text = redact_value(text)

@@ -151,3 +151,22 @@ def test_many_traces_in_parallel_workers(tmp_path: Path) -> None:
     assert [r["rank"] for r in doc["ranks"]] == list(range(20))
     # durations 100..119 us: the shortest is the transfer of the one all-reduce
     assert doc["collectives"][0]["transfer_us"] == 100.0
+
+
+def test_reports_hide_the_home_directory_and_secrets(two_ranks: Path, tmp_path: Path) -> None:
+    home = str(Path.home())
+    run = tmp_path / "run"
+    for r, src in ((0, two_ranks / "a.json"), (1, two_ranks / "b.json.gz")):
+        (run / "ranks" / str(r)).mkdir(parents=True)
+        shutil.copy(src, run / "ranks" / str(r) / ("trace.json" if src.suffix == ".json" else "trace.json.gz"))
+    manifest = {"format": "pardiag.run", "format_version": 1, "world_size": 2,
+                "command": ["python", f"{home}/work/train.py", "--hf-token", "<redacted>", "ghp_" + "x" * 36],
+                "failed_ranks": [{"rank": 1, "step": 3, "reason": f"OSError: {home}/data missing, key sk-{'y' * 30}"}]}
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    for fmt in ("json", "md", "html"):
+        res = run_pardiag("report", str(run), "--format", fmt, "-o", str(tmp_path / f"r.{fmt}"))
+        assert res.returncode == 0, res.stderr
+        text = (tmp_path / f"r.{fmt}").read_text()
+        assert f"{home}/work" not in text and f"{home}/data" not in text and "ghp_xxx" not in text and "sk-yyy" not in text
+        if fmt != "md":  # the PR comment does not repeat the command
+            assert "~/work/train.py" in text

@@ -189,3 +189,13 @@ def test_fsdp1_settings_are_recorded() -> None:
     assert rec["module"] == "Block" and rec["sharding_strategy"] == "ShardingStrategy.SHARD_GRAD_OP"
     assert rec["use_orig_params"] is True and rec["cpu_offload"] is None and errors == []
     assert fw._fsdp_facts()["fsdp1_wrapped_modules"] == 1
+
+
+def test_home_paths(monkeypatch) -> None:
+    from pardiag.redact import home_paths
+
+    monkeypatch.delenv("PARDIAG_SHOW_PATHS", raising=False)
+    assert home_paths("/home/ada/proj/train.py --x /home/adam/y", home="/home/ada") == "~/proj/train.py --x /home/adam/y"
+    assert home_paths("/home/ada", home="/home/ada") == "~"
+    monkeypatch.setenv("PARDIAG_SHOW_PATHS", "1")
+    assert home_paths("/home/ada/x", home="/home/ada") == "/home/ada/x"

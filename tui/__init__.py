@@ -1,0 +1,1 @@
+"""The terminal UI (`pardiag tui`): a Textual app over an Analysis."""

@@ -1,0 +1,47 @@
+"""3 Timeline: one profiled step across ranks, as lanes. The Analysis holds per-rank
+totals, not events, so each lane is the rank's profiled time per step split in
+proportion by category: a share of a profiled step, not the order of events in it."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.widgets import Static
+
+from pardiag import style
+from pardiag.analysis import Analysis
+from pardiag.tui import format as fmt
+from pardiag.tui.screens.base import PardiagScreen, Sortable
+from pardiag.tui.widgets.labels import Caption, Heading
+from pardiag.tui.widgets.lanes import Lanes
+
+NOTE = ("share of a profiled step: each lane is the rank's profiled time per step, split in proportion by category "
+        "(the order of events inside the step is not kept); longer lanes are slower ranks")
+
+
+class TimelineScreen(PardiagScreen):
+    NAV = "timeline"
+    DEFAULT_CSS = """
+    TimelineScreen #legend { height: 1; padding: 0 1; }
+    TimelineScreen #note { height: auto; padding: 0 1; color: $text-muted; }
+    TimelineScreen #empty { padding: 1 2; color: $text-muted; }
+    """
+
+    def compose_body(self) -> ComposeResult:
+        a = self.analysis
+        yield Heading("one profiled step across ranks (share of a profiled step)", markup=False)
+        ranks = [r for r in a.ranks if r.window_us > 0]
+        if not ranks:
+            yield Static("no rank has a profiled window: nothing to draw", id="empty")
+            return
+        yield Static(fmt.legend(style.CATEGORY_LABELS, style.CATEGORY_COLOURS), id="legend")
+        yield Static(NOTE, id="note", markup=False)
+        yield Lanes(ranks, {s.rank for s in a.stragglers}, id="lanes")
+        yield Caption("", id="table-caption")
+
+    def on_mount(self) -> None:
+        for lanes in self.query(Lanes):
+            lanes.focus()
+
+    def sort_target(self) -> Sortable | None:
+        found = self.query(Lanes)
+        return found.first() if found else None
