@@ -238,6 +238,11 @@ def ddp_bucket_size(ctx: Context) -> Finding | None:
     if not d.get("static_graph") and not d.get("find_unused_parameters"):
         extra.append("static_graph=True")
     args = ", ".join([f"bucket_cap_mb={new_cap:.3g}"] + extra)
+    code = f"model = DistributedDataParallel(model, {args})"
+    if not d.get("comm_hook") and exposed >= 0.10:
+        code += ("\n# and send gradients in bf16 (half the bytes):\n"
+                 "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
+                 "model.register_comm_hook(None, default_hooks.bf16_compress_hook)")
     return Finding(
         lever="ddp_bucket_size",
         severity=_sev(exposed, 0.10, 0.20),
@@ -245,7 +250,7 @@ def ddp_bucket_size(ctx: Context) -> Finding | None:
         evidence=evidence,
         ranks=[r.rank for r in ctx.ranks],
         est_saving_pct=_pct(saving),
-        action={"code": f"model = DistributedDataParallel(model, {args})", "doc": DOCS["ddp"],
+        action={"code": code, "doc": DOCS["ddp"],
                 "assumption": "half of the exposed all-reduce overlaps the remaining backward pass"},
     )
 

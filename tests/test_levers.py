@@ -132,3 +132,10 @@ def test_sync_points_and_host_overhead() -> None:
     assert f["host_overhead"].est_saving_pct == 25.0 and f["host_overhead"].severity == "high"
     calm = {"sync_calls": 1, "compute_kernel_p50_us": 200.0}
     assert not {"sync_points", "host_overhead"} & set(levers(analysis([rank(0, steps=4, compute=0.5, ops=calm)])))
+
+
+def test_bucket_finding_offers_gradient_compression_only_without_a_hook() -> None:
+    a = analysis([rank(0, compute=0.6, comm_exposed=0.2)], DDP_ONE_BUCKET)
+    assert "bf16_compress_hook" in levers(a)["ddp_bucket_size"].action["code"]
+    fw = {**DDP_ONE_BUCKET, "ddp": [dict(DDP_ONE_BUCKET["ddp"][0], comm_hook="bf16_compress_hook")]}
+    assert "bf16_compress_hook" not in levers(analysis([rank(0, compute=0.6, comm_exposed=0.2)], fw))["ddp_bucket_size"].action["code"]
