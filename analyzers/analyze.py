@@ -413,9 +413,9 @@ def _self_checks(
 
 
 def _ranges(xs: list[int]) -> str:
-    from pardiag.manifest import _ranges as ranges
+    from pardiag.manifest import rank_ranges
 
-    return ranges(xs)
+    return rank_ranges(xs)
 
 
 def _run_info(

@@ -12,7 +12,7 @@ import fcntl
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from pardiag import __version__, rundir
 
@@ -151,11 +151,13 @@ def _coverage(have: list[int], expected: set[int], what: str) -> dict[str, Any]:
     if not have:
         return {"status": "failed", "reason": f"no rank wrote {what}"}
     if missing:
-        return {"status": "partial", "reason": f"no {what} from rank(s) {_ranges(missing)}", "missing": missing}
+        return {"status": "partial", "reason": f"no {what} from rank(s) {rank_ranges(missing)}", "missing": missing}
     return {"status": "ok"}
 
 
-def _ranges(xs: list[int]) -> str:
+def rank_ranges(ranks: Iterable[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2,5,7-8'."""
+    xs = sorted(set(ranks))
     out, i = [], 0
     while i < len(xs):
         j = i

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from pardiag.analysis import Analysis, Finding, RankResult, Straggler
+from pardiag.manifest import rank_ranges
 from pardiag.style import CATEGORY_LABELS
 
 MAX_CHARS = 60_000
@@ -63,7 +64,11 @@ def worst_ranks(a: Analysis, n: int = WORST_N) -> list[RankResult]:
 
 
 def ordered_findings(a: Analysis) -> list[Finding]:
-    return sorted(a.findings, key=lambda f: (SEVERITY_ORDER.get(f.severity, 3), -(f.est_saving_pct or 0.0)))
+    """Most important first, in the advisor's order (severity, a memory limit first,
+    changes that keep the training the same before ones that change it, saving)."""
+    from pardiag.analyzers.levers import rank_key
+
+    return sorted(a.findings, key=rank_key)
 
 
 @dataclass(frozen=True)
@@ -97,16 +102,6 @@ def headline(a: Analysis) -> Headline:
     )
 
 
-def rank_ranges(ranks: Iterable[int]) -> str:
-    xs = sorted(set(ranks))
-    out, i = [], 0
-    while i < len(xs):
-        j = i
-        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
-            j += 1
-        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
-        i = j + 1
-    return ",".join(out)
 
 
 def ms(us: float | None, digits: int = 1) -> str:

@@ -38,10 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     path = Path(args.path)
-    logs = [Path(p) for p in args.nccl_log]
-    for p in logs:
-        if not p.exists():
-            raise UserError(f"--nccl-log {p}: no such file or directory")
+    logs = nccl_log_paths(args.nccl_log)
     a = load_or_analyze(path, jobs=args.jobs, force=args.force or bool(logs), quiet=args.json,
                         use_hta=args.hta, nccl_logs=logs)
     if args.json:
@@ -51,6 +48,14 @@ def execute(args: argparse.Namespace) -> int:
 
         print_summary(a, next_for=str(path))
     return 0
+
+
+def nccl_log_paths(given: list[str]) -> list[Path]:
+    logs = [Path(p) for p in given]
+    for p in logs:
+        if not p.exists():
+            raise UserError(f"--nccl-log {p}: no such file or directory")
+    return logs
 
 
 def cache_is_fresh(run: rundir.RunDir) -> bool:

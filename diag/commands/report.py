@@ -56,13 +56,10 @@ def default_output(path: Path) -> Path:
 
 
 def execute(args: argparse.Namespace) -> int:
-    from pardiag.commands.analyze import load_or_analyze
+    from pardiag.commands.analyze import load_or_analyze, nccl_log_paths
 
     path = Path(args.path)
-    logs = [Path(p) for p in args.nccl_log]
-    for p in logs:
-        if not p.exists():
-            raise UserError(f"--nccl-log {p}: no such file or directory")
+    logs = nccl_log_paths(args.nccl_log)
     a = load_or_analyze(path, jobs=args.jobs, force=args.force or bool(logs), quiet=args.format != "html",
                         use_hta=args.hta, nccl_logs=logs)
     text = render(a, args.format)

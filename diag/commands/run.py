@@ -327,21 +327,24 @@ def record(
     return result.exit_code
 
 
+def ranks_on_host(run: rundir.RunDir, host: str) -> list[int]:
+    """Ranks whose meta says they ran on `host` (or that left no meta)."""
+    out = []
+    for r in run.ranks():
+        try:
+            owner = rundir.read_meta(run, r).get("host")
+        except rundir.RunDirError:
+            owner = None
+        if owner in (None, host):
+            out.append(r)
+    return out
+
+
 def compress_traces(run: rundir.RunDir, host: str) -> None:
     """Compress the traces this host's ranks wrote (after the job: no cost to training)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    todo = []
-    for r in run.ranks():
-        for raw in (run.trace(r), run.partial_trace(r)):
-            if not raw.is_file():
-                continue
-            try:
-                owner = rundir.read_meta(run, r).get("host")
-            except rundir.RunDirError:
-                owner = None
-            if owner in (None, host):
-                todo.append(raw)
+    todo = [raw for r in ranks_on_host(run, host) for raw in (run.trace(r), run.partial_trace(r)) if raw.is_file()]
     if not todo:
         return
     total = sum(p.stat().st_size for p in todo)
@@ -360,14 +363,7 @@ def reduce_traces(run: rundir.RunDir, host: str) -> None:
     large job reads summaries instead of every trace."""
     from pardiag.analyzers.reduce import reduce_ranks
 
-    mine = []
-    for r in run.ranks():
-        try:
-            owner = rundir.read_meta(run, r).get("host")
-        except rundir.RunDirError:
-            owner = None
-        if owner in (None, host):
-            mine.append(r)
+    mine = ranks_on_host(run, host)
     if len(mine) > 8:
         print(f"pardiag: summarising {len(mine)} traces on {host}", file=sys.stderr, flush=True)
     try:

@@ -86,6 +86,7 @@ def train(
     slow_rank: int = -1,
     slow_ms: float = 0.0,
     optimizer: str = "adamw",
+    pause_ms: float = 0.0,
 ) -> int:
     """`batch=None` takes the dataset's items as whole batches."""
     torch.manual_seed(0)
@@ -118,6 +119,8 @@ def train(
                 continue
             opt.step()
             opt.zero_grad(set_to_none=True)
+            if pause_ms:
+                time.sleep(pause_ms / 1000)  # waiting on something outside the job (metrics, I/O)
             done += 1
             if done >= steps:
                 break

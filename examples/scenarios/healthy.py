@@ -1,6 +1,7 @@
-"""Control: a compute-bound job with bf16 autocast, batches ready in memory and a
-small model whose gradients go in several buckets that hide under backward: no
-lever should fire."""
+"""Control: bf16 autocast, batches ready in memory and a small model whose gradients go
+in several buckets that hide under backward: no lever should fire. Each step also
+pauses 20 ms (as for I/O outside the job), which leaves CPU to spare on a small
+machine so that other processes do not turn one rank into a straggler."""
 
 import sys
 
@@ -8,5 +9,5 @@ from harness import Batches, args, mlp, train
 
 if __name__ == "__main__":
     a = args()
-    sys.exit(train(mlp(512, 512, 4, 10), Batches(64, 2048, 512, 10), steps=a.steps, batch=None, autocast=True,
-                   bucket_cap_mb=1))
+    sys.exit(train(mlp(512, 512, 4, 10), Batches(64, 1024, 512, 10), steps=a.steps, batch=None, autocast=True,
+                   bucket_cap_mb=1, pause_ms=20))
