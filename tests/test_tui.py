@@ -482,3 +482,33 @@ def test_textual_stays_out_of_the_analyzers() -> None:
     code = "import pardiag.analyzers.analyze, pardiag.commands.tui, sys; print('textual' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+async def test_untrusted_strings_are_shown_as_text() -> None:
+    """Op names, hosts, findings and notices come from traces, logs and argv: Textual/rich
+    markup in them is shown literally and never breaks a screen."""
+    evil = "[bold red]x[/][link=https://e.example]y[/link][/]"
+    a = synthetic(16, slow=3)
+    a = dataclasses.replace(
+        a,
+        run={**a.run, "command": ["python", evil], "hosts": [evil]},
+        ranks=[dataclasses.replace(r, host=evil) for r in a.ranks],
+        collectives=[dataclasses.replace(c, op=evil, process_group=evil) for c in a.collectives],
+        findings=[dataclasses.replace(f, title=evil, evidence=[evil], action={"code": evil}) for f in a.findings],
+        notices=[Notice("error", evil)],
+        nccl={"hosts": [{"host": evil, "versions": [evil]}], "errors": [evil], "hang": {"summary": evil}},
+    )
+    app = make_app(a)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot)
+        for key in [*SCREENS, "1"]:
+            await pilot.press(key)
+            await settle(pilot)
+        await pilot.press("enter")  # a rank's detail
+        await settle(pilot)
+        assert isinstance(app.screen, RankScreen)
+        await pilot.press("escape", "5", "enter")
+        await settle(pilot)
+        assert "[bold red]x[/]" in screen_text(app)
+        await pilot.press("q")
+        await settle(pilot)

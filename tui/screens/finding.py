@@ -65,7 +65,7 @@ def _code(code: str, kind: str) -> RenderableType:
     grid.add_column(style="dim", no_wrap=True)
     grid.add_column(style="cyan")
     for i, line in enumerate(code.rstrip("\n").splitlines()):
-        grid.add_row(kind if i == 0 else "", line)
+        grid.add_row(kind if i == 0 else "", Text(line))  # code from a finding: never markup
     return grid
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Center, Middle, Vertical
 from textual.screen import Screen
@@ -56,5 +57,5 @@ class LoadingScreen(Screen[None]):
         self.query_one(LoadingIndicator).display = False
         self.query_one(ProgressBar).display = False
         status = self.query_one("#loading-status", Static)
-        status.update(f"{error}\n\nq quits")
+        status.update(Text(f"{error}\n\nq quits"))
         status.add_class("-error")

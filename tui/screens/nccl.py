@@ -71,7 +71,7 @@ def _ranks_table(rows: list[Mapping[str, Any]]) -> Table:
         t.add_column(c.replace("_", " "), justify="left" if text else "right",
                      min_width=min(24, longest) if text else None)
     for row in rows[:MAX_LINES]:
-        t.add_row(*(fmt.value_text(c, row.get(c)) for c in cols))
+        t.add_row(*(Text(fmt.value_text(c, row.get(c))) for c in cols))
     return t
 
 
@@ -94,7 +94,7 @@ def hang(h: Mapping[str, Any]) -> RenderableType:
         bullets.add_column(width=2, justify="right")
         bullets.add_column()
         for line in h["collect_next"][:MAX_LINES]:
-            bullets.add_row("•", str(line))
+            bullets.add_row("•", Text(str(line)))
         parts.append(bullets)
     if isinstance(h.get("env"), Mapping) and h["env"]:
         parts.append(Text(action_env_text(dict(h["env"])), style="cyan"))

@@ -41,7 +41,7 @@ def _grid(rows: list[tuple[str, str]]) -> Table:
     t.add_column(style="dim", no_wrap=True)
     t.add_column()
     for k, v in rows:
-        t.add_row(k, v)
+        t.add_row(Text(k), Text(v))  # op names, hosts, values come from traces and metas: never markup
     return t
 
 
