@@ -168,7 +168,7 @@ def run_child(tool: str, path: Path) -> ChildRun:
 AGREEMENT_KEYS = ("idle_us", "compute_us", "non_compute_us", "kernel_time_us", "overlap_pct")
 
 
-def bench_size(source: Path, size_mb: int, workdir: Path) -> dict[str, Any]:
+def bench_size(source: Path, size_mb: int, workdir: Path, hta_max_mb: int = 1000) -> dict[str, Any]:
     folder = workdir / f"{size_mb}mb"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "rank0.json"
@@ -176,6 +176,9 @@ def bench_size(source: Path, size_mb: int, workdir: Path) -> dict[str, Any]:
     nbytes, nevents = synthesize(source, size_mb, path)
     synth_s = time.perf_counter() - t0
     ours = run_child("pardiag", path)
+    if size_mb > hta_max_mb:  # HTA needs ~5.5x the file in memory: past this it cannot load
+        return {"size_mb": round(nbytes / 1e6, 1), "events": nevents, "synth_s": round(synth_s, 1),
+                "pardiag": asdict(ours), "hta": None, "agree": True, "diff": {}}
     hta = run_child("hta", path)
     diff = {k: ours.result[k] - hta.result[k] for k in AGREEMENT_KEYS}
     hta_work = hta.result["load_s"] + hta.result["breakdown_s"]
@@ -193,6 +196,11 @@ def bench_size(source: Path, size_mb: int, workdir: Path) -> dict[str, Any]:
 def _print(r: dict[str, Any]) -> None:
     p, h = r["pardiag"], r["hta"]
     print(f"\n{r['size_mb']:.0f} MB, {r['events']:,} events")
+    if h is None:
+        res = p["result"]
+        print(f"  pardiag  wall {p['wall_s']:7.2f} s  (load {res['load_s']:.2f} s + breakdown "
+              f"{res['breakdown_s']:.2f} s)  peak RSS {p['peak_rss_mb']:7.0f} MB   (HTA not run at this size)")
+        return
     for name, c in (("pardiag", p), ("HTA", h)):
         res = c["result"]
         print(f"  {name:8s} wall {c['wall_s']:7.2f} s  (load {res['load_s']:.2f} s + breakdown "
@@ -212,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="trace to replicate")
     ap.add_argument("--workdir", type=Path, help="where to write traces (default: temp)")
     ap.add_argument("--json", action="store_true", help="print results as JSON")
+    ap.add_argument("--hta-max", type=int, default=1000, metavar="MB",
+                    help="largest size HTA is run on (it needs about 5.5x the file in memory)")
     ap.add_argument("--child", nargs=2, metavar=("TOOL", "PATH"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
@@ -226,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     try:
         for size in (int(s) for s in a.sizes.split(",") if s.strip()):
-            r = bench_size(a.source, size, workdir)
+            r = bench_size(a.source, size, workdir, a.hta_max)
             results.append(r)
             if not a.json:
                 _print(r)
