@@ -41,7 +41,6 @@ class TraceSummary:
     result: RankTrace | None
     gpu: GpuTime | None
     base_time_ns: int | None
-    host: str | None
     error: str | None
 
 
@@ -53,9 +52,9 @@ def _summarise(inp: RankInput) -> TraceSummary:
     try:
         trace = load_trace(inp.trace)
     except TraceError as e:
-        return TraceSummary(inp.rank, None, None, None, None, str(e))
+        return TraceSummary(inp.rank, None, None, None, str(e))
     except MemoryError:
-        return TraceSummary(inp.rank, None, None, None, None, f"{inp.trace}: out of memory while reading")
+        return TraceSummary(inp.rank, None, None, None, f"{inp.trace}: out of memory while reading")
     result = analyze_rank_trace(trace, drop_last_step=not inp.trace_complete)
     g = gpu_breakdown(trace)
     gpu = (
@@ -71,8 +70,7 @@ def _summarise(inp: RankInput) -> TraceSummary:
         if g is not None
         else None
     )
-    host = None
-    return TraceSummary(inp.rank, result, gpu, trace.base_time_ns, host, None)
+    return TraceSummary(inp.rank, result, gpu, trace.base_time_ns, None)
 
 
 # -- inputs ---------------------------------------------------------------------------------
@@ -149,8 +147,10 @@ def analyze_path(
 
     traces = {r: s.result for r, s in summaries.items() if s.result is not None}
     matched = match({r: t.collectives for r, t in traces.items()})
+    step_records = {i.rank: rundir.read_steps(run, i.rank) if run is not None else [] for i in inputs}
     ranks = [
-        _rank_result(i, run, summaries.get(i.rank), metas.get(i.rank), matched.wait_by_rank_us, matched.transfer_by_rank_us)
+        _rank_result(i, step_records[i.rank], summaries.get(i.rank), metas.get(i.rank), matched.wait_by_rank_us,
+                     matched.transfer_by_rank_us)
         for i in inputs
     ]
     world = (
@@ -161,7 +161,6 @@ def analyze_path(
     )
     _self_checks(traces, matched, world, manifest, notices, run, inputs)
 
-    step_records = {r.rank: rundir.read_steps(run, r.rank) if run is not None else [] for r in ranks}
     evidence = {
         r.rank: RankEvidence(
             rank=r.rank,
@@ -265,7 +264,7 @@ def _summarise_all(
             if got is None:
                 rest.append(i)
             else:
-                out[i.rank] = TraceSummary(i.rank, got[0], got[1], got[2], None, None)
+                out[i.rank] = TraceSummary(i.rank, got[0], got[1], got[2], None)
         inputs = rest
     total = len(inputs)
     if progress:
@@ -286,7 +285,7 @@ def _summarise_all(
             try:
                 out[i.rank] = fut.result()
             except Exception as e:  # a worker that died (out of memory, killed)
-                out[i.rank] = TraceSummary(i.rank, None, None, None, None, f"{i.trace}: {type(e).__name__}: {e}")
+                out[i.rank] = TraceSummary(i.rank, None, None, None, f"{i.trace}: {type(e).__name__}: {e}")
             if progress:
                 progress(n, total)
     return out
@@ -318,21 +317,21 @@ def _why_no_trace(meta: dict[str, Any] | None) -> str:
 
 def _rank_result(
     inp: RankInput,
-    run: rundir.RunDir | None,
+    records: list[dict[str, Any]],
     s: TraceSummary | None,
     meta: dict[str, Any] | None,
     waits: dict[int, float],
     transfers: dict[int, float],
 ) -> RankResult:
-    st = step_stats(rundir.iter_steps(run.steps(inp.rank))) if run is not None else None
+    st = step_stats(records)
     step_time = StepTime(
-        p50=st.p50_us if st else None,
-        mean=st.mean_us if st else None,
-        max=st.max_us if st else None,
-        n=st.n if st else 0,
-        p90=st.p90_us if st else None,
-        steps_total=(st.last_step + 1) if st and st.last_step is not None else 0,
-        disturbed=st.disturbed if st else 0,
+        p50=st.p50_us,
+        mean=st.mean_us,
+        max=st.max_us,
+        n=st.n,
+        p90=st.p90_us,
+        steps_total=st.last_step + 1 if st.last_step is not None else 0,
+        disturbed=st.disturbed,
     )
     t = s.result if s else None
     meta = meta or {}
@@ -354,17 +353,17 @@ def _rank_result(
         wait_us=waits.get(inp.rank, 0.0),
         transfer_us=transfers.get(inp.rank, 0.0),
         phases_per_step_us={k: v / n_steps for k, v in t.phases_us.items()} if t and n_steps else {},
-        host_phases_us=_host_phases(run, inp.rank) if run is not None else {},
+        host_phases_us=_host_phases(records),
         ops=dict(t.ops) if t else {},
     )
 
 
-def _host_phases(run: rundir.RunDir, rank: int) -> dict[str, float]:
+def _host_phases(records: list[dict[str, Any]]) -> dict[str, float]:
     """Median host time per step over all undisturbed steps (steps.jsonl)."""
     from pardiag.analyzers.steps import DISTURBED_US, percentile
 
     cols: dict[str, list[float]] = {"step": [], "dataloader": [], "forward": [], "backward": [], "optimizer": []}
-    for r in rundir.iter_steps(run.steps(rank)):
+    for r in records:
         if r["step"] < 1 or r.get("profiler") or float(r.get("pardiag_us") or 0) >= DISTURBED_US:
             continue
         for key, field_ in (("step", "dur_us"), ("dataloader", "data_us"), ("forward", "fwd_us"),

@@ -59,7 +59,6 @@ class Framework:
         self._forward_hook: Any = None
         self._last_facts: dict[str, Any] = {}
         self._ddp_seen: dict[int, dict[str, Any]] = {}
-        self._restore: list[tuple[Any, str, Any]] = []
 
     # -- installation -----------------------------------------------------------------
 
@@ -76,25 +75,11 @@ class Framework:
             except Exception as e:  # a torch version without that API
                 self.on_error(f"framework.{name}", e)
 
-    def uninstall(self) -> None:
-        for owner, attr, original in reversed(self._restore):
-            try:
-                setattr(owner, attr, original)
-            except Exception:
-                pass
-        self._restore.clear()
-        self.stop_forward_hook()
-
     def _wrap(self, owner: Any, attr: str, make: Callable[[Any], Any]) -> None:
         original = getattr(owner, attr)
         wrapped = make(original)
         functools.update_wrapper(wrapped, original)
         setattr(owner, attr, wrapped)
-        self._restore.append((owner, attr, original))
-
-    def _mark_activity(self, now: int) -> None:
-        if self.first_activity_ns is None:
-            self.first_activity_ns = now
 
     def _patch_dataloader(self) -> None:
         from torch.utils.data import dataloader as dl

@@ -40,7 +40,12 @@ def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Comple
 def test_two_ranks_exit_code_and_summary(ddp_run) -> None:
     res, out = ddp_run
     assert res.returncode == 0, res.stderr[-3000:]
-    assert f"run directory: {out}" in res.stderr.replace("\n", " ") or str(out) in res.stderr
+    said = " ".join(res.stderr.split())  # the summary, unwrapped
+    assert f"run directory: {out} world size: 2" in said
+    assert "collectors: steps ok, meta ok, profiler ok" in said
+    assert "where each rank's profiled time went" in said and "all_reduce" in said
+    assert f"report: {out}/report.html" in said and (out / "report.html").is_file()
+    assert f"next: pardiag report {out}" in said
 
 
 def test_two_ranks_trace_per_rank_with_global_step_numbers(ddp_run) -> None:

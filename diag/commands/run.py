@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shlex
 import sys
 import time
 import uuid
@@ -310,8 +309,9 @@ def record(
         error=result.error,
         telemetry=telemetry,
     )
-    compress_traces(run, host)
-    reduce_traces(run, host)
+    mine = ranks_on_host(run, host)
+    compress_traces(run, mine)
+    reduce_traces(run, host, mine)
     try:
         manifest.write_launcher_record(run, rec)
         doc = manifest.write(run)
@@ -340,11 +340,11 @@ def ranks_on_host(run: rundir.RunDir, host: str) -> list[int]:
     return out
 
 
-def compress_traces(run: rundir.RunDir, host: str) -> None:
+def compress_traces(run: rundir.RunDir, ranks: list[int]) -> None:
     """Compress the traces this host's ranks wrote (after the job: no cost to training)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    todo = [raw for r in ranks_on_host(run, host) for raw in (run.trace(r), run.partial_trace(r)) if raw.is_file()]
+    todo = [raw for r in ranks for raw in (run.trace(r), run.partial_trace(r)) if raw.is_file()]
     if not todo:
         return
     total = sum(p.stat().st_size for p in todo)
@@ -358,12 +358,11 @@ def compress_traces(run: rundir.RunDir, host: str) -> None:
                 print(f"pardiag: warning: could not compress {raw}: {e}", file=sys.stderr)
 
 
-def reduce_traces(run: rundir.RunDir, host: str) -> None:
+def reduce_traces(run: rundir.RunDir, host: str, mine: list[int]) -> None:
     """Summarise this node's traces here, in parallel, so the central analysis of a
     large job reads summaries instead of every trace."""
     from pardiag.analyzers.reduce import reduce_ranks
 
-    mine = ranks_on_host(run, host)
     if len(mine) > 8:
         print(f"pardiag: summarising {len(mine)} traces on {host}", file=sys.stderr, flush=True)
     try:
@@ -374,7 +373,3 @@ def reduce_traces(run: rundir.RunDir, host: str) -> None:
     for rank, err in sorted(errors.items()):
         if err:
             print(f"pardiag: warning: rank {rank}: {err}", file=sys.stderr)
-
-
-def quoted(cmd: Sequence[str]) -> str:
-    return " ".join(shlex.quote(c) for c in cmd)
