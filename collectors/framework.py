@@ -1,10 +1,25 @@
 """What the training process actually used: DDP and FSDP settings, AMP, DataLoaders,
-gradient accumulation, parameters and optimizer state, device and versions.
+gradient accumulation, parameters and optimizer state, the framework that drives the
+optimizer, device and versions.
 
-Facts come from the objects the script creates, seen through small wrappers around
-their constructors and a few methods. The wrappers only count, time and keep weak
-references; they never change arguments or results, and they switch themselves
-off on the first error.
+Nothing here may change what the job computes or how its code is called. torch has
+hooks for optimizer steps (used by the runtime); for the rest a few callables are
+wrapped at class level — nothing is attached to the user's objects, so pickling,
+`torch.save(model)`, `copy.deepcopy`, `isinstance` and `type()` see what they would see
+without pardiag:
+- `DataLoader.__iter__` and the iterator's `__next__`: the loader's settings and the
+  time the step waits for input;
+- `torch.autograd.backward`: time in backward and passes per step;
+- `DistributedDataParallel.forward`: the DDP modules used, forward time, and the
+  forwards run under `no_sync()` (DDP's own `require_backward_grad_sync` flag);
+- `FullyShardedDataParallel.forward` (FSDP1, once imported): each unit's settings,
+  read from the unit's attributes;
+- `autocast.__enter__`: the autocast dtypes used; `GradScaler.scale`: fp16 loss scaling.
+No constructor is wrapped. Each wrapper takes `self` positional-only and passes every
+other argument through untouched, so no caller's keyword can collide with it;
+`inspect.signature` gives the original's (`__wrapped__`); a re-entrant call and any
+call while torch.compile traces go straight to the original; a failure of the
+wrapper's own bookkeeping is recorded once and turns it into a plain pass-through.
 """
 
 from __future__ import annotations
@@ -22,11 +37,32 @@ import torch
 
 log = logging.getLogger("pardiag.collectors")
 
+# Frameworks that can drive a torch optimizer, by the module prefix of their frames.
+# The outermost one on the stack of the first optimizer step is the job's framework.
+FRAMEWORK_PREFIXES: tuple[tuple[str, str], ...] = (
+    ("lightning.pytorch", "lightning"),
+    ("pytorch_lightning", "lightning"),
+    ("lightning.fabric", "lightning_fabric"),
+    ("lightning_fabric", "lightning_fabric"),
+    ("transformers", "transformers"),
+    ("accelerate", "accelerate"),
+    ("deepspeed", "deepspeed"),
+)
+# Top-level package whose __version__ is the framework's version.
+FRAMEWORK_PACKAGES = {
+    "lightning": ("lightning", "pytorch_lightning"),
+    "lightning_fabric": ("lightning", "lightning_fabric"),
+    "transformers": ("transformers",),
+    "accelerate": ("accelerate",),
+    "deepspeed": ("deepspeed",),
+}
+KNOWN_PACKAGES = ("lightning", "pytorch_lightning", "lightning_fabric", "transformers", "accelerate", "deepspeed", "peft", "trl")
+
 
 class StepCounters:
     """Host-side timings accumulated between two step boundaries."""
 
-    __slots__ = ("data_ns", "data_calls", "bwd_ns", "backwards", "fwd_ns", "forwards")
+    __slots__ = ("data_ns", "data_calls", "bwd_ns", "backwards", "fwd_ns", "forwards", "no_sync_forwards")
 
     def __init__(self) -> None:
         self.reset()
@@ -38,17 +74,24 @@ class StepCounters:
         self.backwards = 0
         self.fwd_ns = 0
         self.forwards = 0
+        self.no_sync_forwards = 0
+
+
+# While torch.compile traces, every wrapper calls straight through, so the traced code
+# is the code the job would have had.
+_compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
 
 
 class Framework:
-    """Installs the wrappers and turns what they saw into the `meta.json` facts."""
+    """Installs the hooks and wrappers and turns what they saw into `meta.json` facts."""
+
+    MAX_MODULES = 64
 
     def __init__(self, on_error: Callable[[str, BaseException], None]) -> None:
         self.on_error = on_error
         self.counters = StepCounters()
         self.first_activity_ns: int | None = None
         self.ddp: list[weakref.ref[Any]] = []
-        self.ddp_args: dict[int, dict[str, Any]] = {}
         self.fsdp: list[dict[str, Any]] = []
         self.loaders: dict[int, dict[str, Any]] = {}
         self.optimizers: list[weakref.ref[Any]] = []
@@ -56,7 +99,11 @@ class Framework:
         self.no_sync_calls = 0
         self.grad_scaler_calls = 0
         self.backwards_per_step: list[int] = []
-        self._forward_hook: Any = None
+        self.framework: dict[str, Any] | None = None
+        self.patched: list[tuple[Any, str, Any]] = []  # (owner, attribute, original)
+        self._failed: set[str] = set()
+        self._depth = {"next": 0, "backward": 0}
+        self._module_ids: set[int] = set()
         self._last_facts: dict[str, Any] = {}
         self._ddp_seen: dict[int, dict[str, Any]] = {}
 
@@ -66,58 +113,91 @@ class Framework:
         for name, fn in (
             ("dataloader", self._patch_dataloader),
             ("backward", self._patch_backward),
-            ("ddp", self._patch_ddp),
             ("grad_scaler", self._patch_grad_scaler),
-            ("autocast", self._install_forward_hook),
+            ("autocast", self._patch_autocast),
+            ("ddp", self._patch_ddp),
         ):
             try:
                 fn()
             except Exception as e:  # a torch version without that API
                 self.on_error(f"framework.{name}", e)
 
-    def _wrap(self, owner: Any, attr: str, make: Callable[[Any], Any]) -> None:
-        original = getattr(owner, attr)
-        wrapped = make(original)
-        functools.update_wrapper(wrapped, original)
-        setattr(owner, attr, wrapped)
+    def uninstall(self) -> None:
+        """Put every wrapped callable back."""
+        for owner, attr, original in reversed(self.patched):
+            try:
+                setattr(owner, attr, original)
+            except Exception:
+                pass
+        self.patched.clear()
+
+    def _fail(self, name: str, e: BaseException) -> None:
+        """A wrapper's own bookkeeping failed: record it once and pass through from now on."""
+        if name not in self._failed:
+            self._failed.add(name)
+            self.on_error(f"framework.{name}", e)
+
+    def _wrap_method(self, name: str, owner: Any, attr: str, before: Callable[[Any, tuple, dict], Any],
+                     after: Callable[[Any, Any], None] | None = None) -> None:
+        """Wrap `owner.attr` (a function taking self first). `before(self, args, kwargs)`
+        runs first and returns a token for `after(self, token)`, which runs when the
+        original returns or raises. Arguments and the result pass through untouched."""
+        original = owner.__dict__[attr]
+        fw = self
+        depth = self._depth
+        key = name if name in depth else None
+
+        def wrapper(self, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if _compiling() or name in fw._failed or (key is not None and depth[key]):
+                return original(self, *args, **kwargs)
+            try:
+                token = before(self, args, kwargs)
+            except Exception as e:
+                fw._fail(name, e)
+                return original(self, *args, **kwargs)
+            if key is not None:
+                depth[key] += 1
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                if key is not None:
+                    depth[key] -= 1
+                if after is not None:
+                    try:
+                        after(self, token)
+                    except Exception as e:
+                        fw._fail(name, e)
+
+        functools.update_wrapper(wrapper, original)
+        setattr(owner, attr, wrapper)
+        self.patched.append((owner, attr, original))
 
     def _patch_dataloader(self) -> None:
         from torch.utils.data import dataloader as dl
 
-        fw = self
         counters = self.counters
 
-        def make_init(original: Any) -> Any:
-            def __init__(it: Any, loader: Any, *a: Any, **k: Any) -> Any:
-                original(it, loader, *a, **k)
-                try:
-                    fw._record_loader(loader)
-                except Exception as e:
-                    fw.on_error("framework.dataloader", e)
+        def before_next(_it: Any, _a: tuple, _k: dict) -> int:
+            return time.perf_counter_ns()
 
-            return __init__
+        def after_next(_it: Any, t0: int) -> None:
+            counters.data_ns += time.perf_counter_ns() - t0
+            counters.data_calls += 1
+            if self.first_activity_ns is None:
+                self.first_activity_ns = t0
 
-        def make_next(original: Any) -> Any:
-            def __next__(it: Any) -> Any:
-                t0 = time.perf_counter_ns()
-                try:
-                    return original(it)
-                finally:
-                    t1 = time.perf_counter_ns()
-                    counters.data_ns += t1 - t0
-                    counters.data_calls += 1
-                    if fw.first_activity_ns is None:
-                        fw.first_activity_ns = t0
+        def before_iter(loader: Any, _a: tuple, _k: dict) -> None:
+            self._record_loader(loader)
 
-            return __next__
-
-        self._wrap(dl._BaseDataLoaderIter, "__init__", make_init)
-        self._wrap(dl._BaseDataLoaderIter, "__next__", make_next)
+        self._wrap_method("next", dl._BaseDataLoaderIter, "__next__", before_next, after_next)
+        self._wrap_method("dataloader", dl.DataLoader, "__iter__", before_iter)
 
     def _record_loader(self, loader: Any) -> None:
         key = id(loader)
         if key in self.loaders:
             self.loaders[key]["iterations_started"] += 1
+            return
+        if len(self.loaders) >= self.MAX_MODULES:
             return
         try:
             dataset_len: int | None = len(loader.dataset)
@@ -125,6 +205,7 @@ class Framework:
             dataset_len = None
         sampler = getattr(loader, "sampler", None)
         self.loaders[key] = {
+            "class": type(loader).__name__,
             "num_workers": getattr(loader, "num_workers", None),
             "pin_memory": getattr(loader, "pin_memory", None),
             "batch_size": getattr(loader, "batch_size", None),
@@ -139,136 +220,94 @@ class Framework:
         }
 
     def _patch_backward(self) -> None:
+        """`torch.autograd.backward` is a module function (Tensor.backward calls it)."""
         import torch.autograd
 
+        original = torch.autograd.backward
         fw = self
         counters = self.counters
+        depth = self._depth
 
-        def make(original: Any) -> Any:
-            def backward(*a: Any, **k: Any) -> Any:
-                t0 = time.perf_counter_ns()
-                try:
-                    return original(*a, **k)
-                finally:
-                    counters.bwd_ns += time.perf_counter_ns() - t0
-                    counters.backwards += 1
-                    if fw.first_activity_ns is None:
-                        fw.first_activity_ns = t0
+        def backward(*args, **kwargs):  # type: ignore[no-untyped-def]
+            if _compiling() or depth["backward"] or "backward" in fw._failed:
+                return original(*args, **kwargs)
+            t0 = time.perf_counter_ns()
+            depth["backward"] += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                depth["backward"] -= 1
+                counters.bwd_ns += time.perf_counter_ns() - t0
+                counters.backwards += 1
+                if fw.first_activity_ns is None:
+                    fw.first_activity_ns = t0
 
-            return backward
-
-        self._wrap(torch.autograd, "backward", make)
-
-    def _patch_ddp(self) -> None:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        fw = self
-
-        def make_init(original: Any) -> Any:
-            def __init__(module: Any, *a: Any, **k: Any) -> Any:
-                original(module, *a, **k)
-                try:
-                    fw._record_ddp(module, k)
-                except Exception as e:
-                    fw.on_error("framework.ddp", e)
-
-            return __init__
-
-        def make_no_sync(original: Any) -> Any:
-            def no_sync(module: Any, *a: Any, **k: Any) -> Any:
-                fw.no_sync_calls += 1
-                return original(module, *a, **k)
-
-            return no_sync
-
-        self._wrap(DDP, "__init__", make_init)
-        self._wrap(DDP, "no_sync", make_no_sync)
-
-    def _record_ddp(self, module: Any, kwargs: dict[str, Any]) -> None:
-        self.ddp.append(weakref.ref(module))
-        self.ddp_args[id(module)] = {
-            k: kwargs[k]
-            for k in (
-                "bucket_cap_mb",
-                "find_unused_parameters",
-                "gradient_as_bucket_view",
-                "static_graph",
-                "broadcast_buffers",
-                "device_ids",
-            )
-            if k in kwargs
-        }
-        counters = self.counters
-
-        def pre(_m: Any, _inputs: Any) -> None:
-            counters.forwards += 1
-            counters.fwd_ns -= time.perf_counter_ns()
-
-        def post(_m: Any, _inputs: Any, _out: Any) -> None:
-            counters.fwd_ns += time.perf_counter_ns()
-
-        module.register_forward_pre_hook(pre)
-        module.register_forward_hook(post)
-
-    def patch_fsdp(self, fsdp_module: Any) -> None:
-        """Called once torch.distributed.fsdp is imported."""
-        cls = getattr(fsdp_module, "FullyShardedDataParallel", None)
-        if cls is None:
-            return
-        fw = self
-
-        def make_init(original: Any) -> Any:
-            def __init__(module: Any, *a: Any, **k: Any) -> Any:
-                original(module, *a, **k)
-                try:
-                    if not fw.fsdp or len(fw.fsdp) < 64:
-                        fw.fsdp.append(_fsdp1_settings(module, k))
-                except Exception as e:
-                    fw.on_error("framework.fsdp", e)
-
-            return __init__
-
-        try:
-            self._wrap(cls, "__init__", make_init)
-        except Exception as e:
-            self.on_error("framework.fsdp", e)
+        functools.update_wrapper(backward, original)
+        torch.autograd.backward = backward
+        self.patched.append((torch.autograd, "backward", original))
 
     def _patch_grad_scaler(self) -> None:
         from torch.amp import grad_scaler
 
-        fw = self
+        def before(_scaler: Any, _a: tuple, _k: dict) -> None:
+            self.grad_scaler_calls += 1
 
-        def make(original: Any) -> Any:
-            def scale(scaler: Any, *a: Any, **k: Any) -> Any:
-                fw.grad_scaler_calls += 1
-                return original(scaler, *a, **k)
+        self._wrap_method("grad_scaler", grad_scaler.GradScaler, "scale", before)
 
-            return scale
-
-        self._wrap(grad_scaler.GradScaler, "scale", make)
-
-    def _install_forward_hook(self) -> None:
-        from torch.nn.modules import module as nn_module
+    def _patch_autocast(self) -> None:
+        """Which autocast dtypes the job enters (torch.autocast and its cuda/cpu forms)."""
+        from torch.amp import autocast_mode
 
         seen = self.autocast_seen
 
-        def hook(_m: Any, _inputs: Any) -> None:
-            for dev in ("cuda", "cpu"):
-                try:
-                    if torch.is_autocast_enabled(dev):
-                        seen.setdefault(dev, set()).add(str(_autocast_dtype(dev)))
-                except Exception:
-                    pass
+        def before(ctx: Any, _a: tuple, _k: dict) -> None:
+            if getattr(ctx, "_enabled", False):
+                seen.setdefault(str(ctx.device), set()).add(str(ctx.fast_dtype))
 
-        self._forward_hook = nn_module.register_module_forward_pre_hook(hook)
+        self._wrap_method("autocast", autocast_mode.autocast, "__enter__", before)
 
-    def stop_forward_hook(self) -> None:
-        if self._forward_hook is not None:
-            try:
-                self._forward_hook.remove()
-            except Exception:
-                pass
-            self._forward_hook = None
+    def _patch_ddp(self) -> None:
+        """DDP modules the job calls, their forward time and the forwards under
+        `no_sync()` (DDP's own `require_backward_grad_sync` flag), from the class's
+        `forward`: nothing is attached to the user's module (hooks on it would make
+        `torch.save(model)` fail to pickle them)."""
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        counters = self.counters
+        seen = self._module_ids
+
+        def before(m: Any, _a: tuple, _k: dict) -> int:
+            if id(m) not in seen and len(self.ddp) < self.MAX_MODULES:
+                seen.add(id(m))
+                self.ddp.append(weakref.ref(m))
+            counters.forwards += 1
+            if not getattr(m, "require_backward_grad_sync", True):
+                counters.no_sync_forwards += 1
+                self.no_sync_calls += 1
+            return time.perf_counter_ns()
+
+        def after(_m: Any, t0: int) -> None:
+            counters.fwd_ns += time.perf_counter_ns() - t0
+
+        self._wrap_method("ddp", DDP, "forward", before, after)
+
+    def patch_fsdp(self, fsdp_module: Any) -> None:
+        """FSDP1 units the job calls, with their settings; called once
+        torch.distributed.fsdp is imported."""
+        cls = getattr(fsdp_module, "FullyShardedDataParallel", None)
+        if cls is None or "forward" not in cls.__dict__:
+            return
+        seen = self._module_ids
+
+        def before(m: Any, _a: tuple, _k: dict) -> None:
+            if id(m) not in seen and len(self.fsdp) < self.MAX_MODULES:
+                seen.add(id(m))
+                self.fsdp.append(_fsdp1_settings(m))
+
+        try:
+            self._wrap_method("fsdp", cls, "forward", before)
+        except Exception as e:
+            self.on_error("framework.fsdp", e)
 
     def note_optimizer(self, opt: Any) -> None:
         for ref in self.optimizers:
@@ -276,6 +315,24 @@ class Framework:
                 return
         if len(self.optimizers) < 16:
             self.optimizers.append(weakref.ref(opt))
+
+    def note_step_caller(self, frame: Any) -> None:
+        """Called once, from the first optimizer step: which framework drove it."""
+        found: str | None = None
+        depth = 0
+        while frame is not None and depth < 200:
+            name = frame.f_globals.get("__name__") or ""
+            for prefix, fw_name in FRAMEWORK_PREFIXES:
+                if name == prefix or name.startswith(prefix + "."):
+                    found = fw_name  # keep going: the outermost frame wins
+                    break
+            frame = frame.f_back
+            depth += 1
+        self.framework = {
+            "name": found or "torch",
+            "version": _framework_version(found) if found else torch.__version__,
+            "detected_from": "optimizer step caller",
+        }
 
     # -- facts ------------------------------------------------------------------------
 
@@ -294,6 +351,7 @@ class Framework:
             ("device", _device_facts),
             ("versions", _versions),
             ("threads", _thread_facts),
+            ("framework", self._framework_facts),
         ):
             try:
                 out[key] = fn()
@@ -314,7 +372,15 @@ class Framework:
         return [self._ddp_seen[i] for i in sorted(self._ddp_seen)]
 
     def _describe_ddp(self, m: Any) -> dict[str, Any]:
-        d: dict[str, Any] = {"args": dict(self.ddp_args.get(id(m), {}))}
+        # The constructor is not wrapped: its settings are read back from the module.
+        d: dict[str, Any] = {
+            "args": {
+                k: _plain(getattr(m, k))
+                for k in ("find_unused_parameters", "gradient_as_bucket_view", "static_graph",
+                          "broadcast_buffers", "device_ids")
+                if hasattr(m, k)
+            }
+        }
         d["static_graph"] = bool(getattr(m, "static_graph", False))
         d["find_unused_parameters"] = bool(getattr(m, "find_unused_parameters", False))
         d["gradient_as_bucket_view"] = bool(getattr(m, "gradient_as_bucket_view", False))
@@ -334,6 +400,17 @@ class Framework:
         if not self.fsdp and not fsdp2:
             return None
         return {"fsdp1": self.fsdp[:8], "fsdp1_wrapped_modules": len(self.fsdp), "fsdp2": fsdp2}
+
+    def _framework_facts(self) -> dict[str, Any]:
+        loaded = {}
+        for pkg in KNOWN_PACKAGES:
+            mod = sys.modules.get(pkg)
+            if mod is not None:
+                loaded[pkg] = _version_of(mod)
+        out = dict(self.framework or {"name": None, "version": None, "detected_from": "no optimizer step yet"})
+        out["loaded"] = loaded
+        out["wrapped"] = [f"{getattr(o, '__name__', type(o).__name__)}.{a}" for o, a, _ in self.patched]
+        return out
 
     def _amp_facts(self) -> dict[str, Any]:
         return {
@@ -457,22 +534,39 @@ def _comm_hook_name(m: Any) -> str | None:
     return getattr(hook, "__qualname__", None) or type(hook).__name__
 
 
-def _fsdp1_settings(module: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-    def text(v: Any) -> Any:
-        if v is None or isinstance(v, (bool, int, float, str)):
-            return v
-        return str(v)
+def _plain(v: Any) -> Any:
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    return str(v)
 
+
+def _fsdp1_settings(module: Any) -> dict[str, Any]:
+    """An FSDP1 unit's settings, as FSDP stored them on the module."""
     return {
         "module": type(getattr(module, "module", module)).__name__,
-        "sharding_strategy": text(getattr(module, "sharding_strategy", None) or kwargs.get("sharding_strategy")),
-        "mixed_precision": text(getattr(module, "mixed_precision", None) or kwargs.get("mixed_precision")),
-        "cpu_offload": text(kwargs.get("cpu_offload")),
-        "use_orig_params": text(kwargs.get("use_orig_params")),
-        "backward_prefetch": text(kwargs.get("backward_prefetch")),
-        "forward_prefetch": text(kwargs.get("forward_prefetch")),
-        "limit_all_gathers": text(kwargs.get("limit_all_gathers")),
+        "sharding_strategy": _plain(getattr(module, "sharding_strategy", None)),
+        "mixed_precision": _plain(getattr(module, "mixed_precision", None)),
+        "cpu_offload": _plain(getattr(module, "cpu_offload", None)),
+        "use_orig_params": _plain(getattr(module, "_use_orig_params", None)),
+        "backward_prefetch": _plain(getattr(module, "backward_prefetch", None)),
+        "forward_prefetch": _plain(getattr(module, "forward_prefetch", None)),
+        "limit_all_gathers": _plain(getattr(module, "limit_all_gathers", None)),
     }
+
+
+def _version_of(mod: Any) -> str | None:
+    v = getattr(mod, "__version__", None)
+    return str(v) if v is not None else None
+
+
+def _framework_version(name: str) -> str | None:
+    for pkg in FRAMEWORK_PACKAGES.get(name, ()):
+        mod = sys.modules.get(pkg)
+        if mod is not None and _version_of(mod):
+            return _version_of(mod)
+    return None
 
 
 def _fsdp2_facts(optimizers: list[Any]) -> dict[str, Any] | None:

@@ -159,6 +159,8 @@ class Collector:
         try:
             if self._is_lead(opt):
                 self.opt_t0 = time.perf_counter_ns()
+                if self.framework.framework is None:
+                    self.framework.note_step_caller(sys._getframe(1))
         except Exception as e:
             self._error("optimizer_pre", e)
 
@@ -244,7 +246,6 @@ class Collector:
                 if was_running and self.window.state != "running":
                     self.write_meta()  # window closed: record what it captured
             if self.step == self.cfg.meta_sample_steps:
-                fw.stop_forward_hook()
                 self.write_meta()
             # The step ends now; what pardiag does at the boundary (opening or closing
             # the profiler, writing the trace) is part of the next step's wall time and

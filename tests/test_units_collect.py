@@ -162,35 +162,6 @@ def test_import_hygiene() -> None:
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def test_fsdp1_settings_are_recorded() -> None:
-    """FSDP1 needs a GPU to run; its wrapper is checked on a class with FSDP1's
-    constructor signature (a GPU run checks the real one)."""
-    pytest.importorskip("torch")
-    import types
-
-    from pardiag.collectors.framework import Framework
-
-    class FullyShardedDataParallel:
-        def __init__(self, module: object, sharding_strategy: object = None, use_orig_params: bool = False,
-                     cpu_offload: object = None) -> None:
-            self.module = module
-            self.sharding_strategy = sharding_strategy
-
-    errors: list[object] = []
-    fw = Framework(lambda where, e: errors.append((where, e)))
-    fake = types.SimpleNamespace(FullyShardedDataParallel=FullyShardedDataParallel)
-    fw.patch_fsdp(fake)
-
-    class Block:
-        pass
-
-    FullyShardedDataParallel(Block(), sharding_strategy="ShardingStrategy.SHARD_GRAD_OP", use_orig_params=True)
-    (rec,) = fw.fsdp
-    assert rec["module"] == "Block" and rec["sharding_strategy"] == "ShardingStrategy.SHARD_GRAD_OP"
-    assert rec["use_orig_params"] is True and rec["cpu_offload"] is None and errors == []
-    assert fw._fsdp_facts()["fsdp1_wrapped_modules"] == 1
-
-
 def test_home_paths(monkeypatch) -> None:
     from pardiag.redact import home_paths
 
