@@ -31,6 +31,7 @@ class RankInput:
     rank: int
     trace: Path | None
     trace_complete: bool
+    head: dict[str, Any] | None = None  # plain traces: the metadata before the events (see trace_head)
 
 
 @dataclass(frozen=True)
@@ -101,37 +102,82 @@ def find_inputs(
 
 
 def _plain_traces(files: list[Path], notices: list[Notice]) -> list[RankInput]:
+    """One input per rank. Each file's head is read once: its rank, and the metadata
+    (`distributedInfo`, `deviceProperties`, host) that fills the Analysis' `run` block."""
     from pardiag.analyzers.trace import rank_of
 
     out: dict[int, RankInput] = {}
     unranked = []
     for f in files:
-        r = rank_of(f)
+        head = trace_head(f)
+        info = head.get("distributedInfo")
+        r = info.get("rank") if isinstance(info, dict) and type(info.get("rank")) is int else rank_of(f)
         if r is None:
-            unranked.append(f)
+            unranked.append((f, head))
         elif r in out:
             notices.append(Notice("warning", f"two traces claim rank {r}: {out[r].trace} and {f}; using the first"))
         else:
-            out[r] = RankInput(r, f, True)
-    for f in unranked:
+            out[r] = RankInput(r, f, True, head)
+    for f, head in unranked:
         r = next(i for i in range(len(files) + len(out) + 1) if i not in out)
         notices.append(Notice("warning", f"{f.name}: no rank in the trace or its name; taken as rank {r} by order"))
-        out[r] = RankInput(r, f, True)
+        out[r] = RankInput(r, f, True, head)
     return [out[r] for r in sorted(out)]
+
+
+HEAD_KEYS = ("distributedInfo", "deviceProperties", "host_name")
+
+
+def trace_head(path: Path) -> dict[str, Any]:
+    """The metadata Kineto writes before the event list (`distributedInfo`,
+    `deviceProperties`, `host_name`), from the first 256 kB of the file; {} for what
+    is not there or not readable (the full parse still reads the trace)."""
+    import json
+    import zlib
+
+    from pardiag.analyzers.trace import _RANK_HEAD_BYTES, _open
+
+    try:
+        with _open(path) as f:
+            text = f.read(_RANK_HEAD_BYTES).decode("utf-8", "replace")
+    except (OSError, EOFError, zlib.error):
+        return {}
+    end = text.find('"traceEvents"')
+    end = end if end >= 0 else len(text)
+    out: dict[str, Any] = {}
+    for key in HEAD_KEYS:
+        i = text.find(f'"{key}"', 0, end)
+        colon = text.find(":", i + len(key) + 2) if i >= 0 else -1
+        if colon < 0:
+            continue
+        start = colon + 1
+        while start < len(text) and text[start].isspace():
+            start += 1
+        try:
+            out[key], _ = json.JSONDecoder().raw_decode(text, start)
+        except ValueError:
+            continue
+    return out
 
 
 # -- the analysis ---------------------------------------------------------------------------
 
 
 def analyze_path(
-    path: Path,
+    path: Path | None,
     jobs: int | None = None,
     progress: Progress | None = None,
     use_hta: bool = False,
     nccl_logs: Sequence[Path] = (),
 ) -> Analysis:
+    """`path` None: only the NCCL logs are read (a user who has nothing else)."""
     notices: list[Notice] = []
-    run, inputs = find_inputs(path, notices, allow_empty=bool(nccl_logs))
+    if path is None:
+        if not nccl_logs:
+            raise UserError("nothing to analyse: give a run directory, a trace folder or file, or --nccl-log FILE")
+        run, inputs = None, []
+    else:
+        run, inputs = find_inputs(path, notices, allow_empty=bool(nccl_logs))
     manifest = _manifest(run, notices) if run is not None else {}
     metas = {i.rank: _meta(run, i.rank) for i in inputs} if run is not None else {}
 
@@ -196,7 +242,7 @@ def analyze_path(
         hta=hta,
         nccl=nccl,
         telemetry=telemetry,
-        run=_run_info(path, manifest, metas, inputs, world, offsets),
+        run=_run_info(path, manifest, metas, inputs, world, offsets, ranks, nccl),
         ranks=ranks,
         collectives=matched.collectives,
         stragglers=stragglers,
@@ -418,33 +464,94 @@ def _ranges(xs: list[int]) -> str:
 
 
 def _run_info(
-    path: Path,
+    path: Path | None,
     manifest: dict[str, Any],
     metas: dict[int, dict[str, Any]],
     inputs: list[RankInput],
     world: int,
     offsets: dict[int, float],
+    ranks: Sequence[RankResult] = (),
+    nccl: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """The `run` block: from the manifest and the ranks' meta.json for a run directory;
+    for plain traces from their own metadata (backend from `distributedInfo`, device
+    from `deviceProperties`); with NCCL logs only, from the logs."""
     from pardiag.redact import home_paths, redact_value
 
     first = next((m for m in metas.values() if m), {})
+    device = first.get("device") or {}
+    plain = _plain_run_info(inputs, ranks) if not manifest and not metas else {}
+    logs = _nccl_run_info(nccl or {})
     command = manifest.get("command")
     return {
-        "path": home_paths(str(path)),
-        "world_size": world,
+        "path": home_paths(str(path)) if path is not None else None,
+        "world_size": world or logs.get("world_size") or 0,
         "ranks_analyzed": len(inputs),
-        "backend": manifest.get("backend") or first.get("backend"),
-        "device_type": manifest.get("device_type") or (first.get("device") or {}).get("type"),
+        "backend": manifest.get("backend") or first.get("backend") or plain.get("backend") or logs.get("backend"),
+        "device_type": (manifest.get("device_type") or device.get("type") or plain.get("device_type")
+                        or logs.get("device_type")),
+        "device_name": device.get("name") or plain.get("device_name"),
         "command": [home_paths(redact_value(str(c))) for c in command] if isinstance(command, list) else command,
         "launcher": manifest.get("launcher"),
-        "hosts": manifest.get("hosts") or sorted({m.get("host") for m in metas.values() if m.get("host")}),
+        "hosts": (manifest.get("hosts") or sorted({m.get("host") for m in metas.values() if m.get("host")})
+                  or plain.get("hosts") or logs.get("hosts") or []),
         "exit_code": manifest.get("exit_code"),
-        "versions": manifest.get("versions") or first.get("versions"),
+        "versions": manifest.get("versions") or first.get("versions") or plain.get("versions") or logs.get("versions"),
         "profiler": manifest.get("profiler"),
         "clock_offsets_us": {str(r): v for r, v in sorted(offsets.items())},
         "collectors": manifest.get("collectors"),
         "framework": _framework(metas),
+        **({"devices": plain["devices"]} if plain.get("devices") else {}),
     }
+
+
+def _plain_run_info(inputs: list[RankInput], ranks: Sequence[RankResult]) -> dict[str, Any]:
+    """What plain traces say about the job in their metadata (the lowest rank that has
+    it): backend, NCCL version, the node's devices, the hosts; the device type from
+    `deviceProperties` (Kineto lists the GPUs there), else from what the ranks ran on."""
+    heads = [i.head for i in inputs if i.head]
+    info = next((h["distributedInfo"] for h in heads if isinstance(h.get("distributedInfo"), dict)), {})
+    props = next((h["deviceProperties"] for h in heads if h.get("deviceProperties")), None)
+    devices = [d for d in props if isinstance(d, dict)] if isinstance(props, list) else []
+    out: dict[str, Any] = {}
+    if isinstance(info.get("backend"), str):
+        out["backend"] = info["backend"]
+    if isinstance(info.get("nccl_version"), str):
+        out["versions"] = {"nccl": info["nccl_version"]}
+    if devices:
+        names = sorted({str(d["name"]) for d in devices if d.get("name")})
+        out["device_type"] = "cuda"
+        out["device_name"] = ", ".join(names) or None
+        out["devices"] = [
+            {"id": d.get("id"), "name": d.get("name"), "total_memory_bytes": d.get("totalGlobalMem"),
+             "capability": f"{d['computeMajor']}.{d['computeMinor']}"
+             if d.get("computeMajor") is not None and d.get("computeMinor") is not None else None,
+             "sms": d.get("numSms")}
+            for d in devices
+        ]
+    else:
+        types = sorted({r.device_type for r in ranks if r.device_type})
+        if len(types) == 1:
+            out["device_type"] = types[0]
+    hosts = sorted({str(h["host_name"]) for h in heads if isinstance(h.get("host_name"), str) and h["host_name"]})
+    if hosts:
+        out["hosts"] = hosts
+    return out
+
+
+def _nccl_run_info(nccl: dict[str, Any]) -> dict[str, Any]:
+    """With NCCL logs only: the world size, hosts and NCCL version the logs name."""
+    if not nccl:
+        return {}
+    hosts = nccl.get("hosts") or ()
+    versions = sorted({v for h in hosts for v in h.get("versions") or ()})
+    out: dict[str, Any] = {"backend": "nccl", "device_type": "cuda",
+                           "hosts": sorted({h["host"] for h in hosts if h.get("host")})}
+    if nccl.get("world_size"):
+        out["world_size"] = nccl["world_size"]
+    if versions:
+        out["versions"] = {"nccl": ", ".join(versions)}
+    return out
 
 
 FRAMEWORK_KEYS = ("ddp", "fsdp", "amp", "dataloaders", "grad_accumulation", "optimizers", "parameters", "device", "threads")

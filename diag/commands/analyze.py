@@ -1,4 +1,4 @@
-"""`pardiag analyze PATH [--json]`"""
+"""`pardiag analyze [PATH] [--json] [--nccl-log FILE]`"""
 
 from __future__ import annotations
 
@@ -15,17 +15,21 @@ torch.profiler traces (*.json, *.json.gz; the rank is read from each trace), or 
 trace file: per rank, where the profiled time went (compute, communication hidden or
 exposed, copies, input loading, idle) and by phase; collectives matched across ranks
 (transfer versus waiting, bandwidth); the rank that holds the others back and why.
-A run directory's result is cached in its analysis.json."""
+With only --nccl-log (no PATH): the NCCL setup, a hang diagnosis and the NCCL findings
+from the logs alone. A run directory's result is cached in its analysis.json."""
 
 EPILOG = """examples:
   pardiag analyze pardiag-runs/exp1
   pardiag analyze traces/ --json > analysis.json
   pardiag analyze rank-0.json.gz
+  pardiag analyze traces/ --nccl-log logs/
+  pardiag analyze --nccl-log nccl.log          # only a log
 """
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", help="run directory, folder of traces, or a trace file")
+    p.add_argument("path", nargs="?", help="run directory, folder of traces, or a trace file "
+                                          "(may be left out when --nccl-log is given)")
     p.add_argument("--json", action="store_true", help="print the Analysis as JSON on stdout")
     p.add_argument("--jobs", "-j", type=int, default=None, help="processes that parse traces (default: all cores)")
     p.add_argument("--force", action="store_true", help="ignore a cached analysis.json")
@@ -37,17 +41,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def execute(args: argparse.Namespace) -> int:
-    path = Path(args.path)
     logs = nccl_log_paths(args.nccl_log)
-    a = load_or_analyze(path, jobs=args.jobs, force=args.force or bool(logs), quiet=args.json,
-                        use_hta=args.hta, nccl_logs=logs)
+    if args.path is None:
+        if not logs:
+            raise UserError("nothing to analyse: pardiag analyze PATH (a run directory, traces) or --nccl-log FILE")
+        from pardiag.analyzers.analyze import analyze_path
+
+        a = analyze_path(None, nccl_logs=logs)
+    else:
+        a = load_or_analyze(Path(args.path), jobs=args.jobs, force=args.force or bool(logs), quiet=args.json,
+                            use_hta=args.hta, nccl_logs=logs)
     if args.json:
         sys.stdout.write(a.to_json() + "\n")
     else:
         from pardiag.render_text import print_summary
 
-        print_summary(a, next_for=str(path))
+        print_summary(a, next_for=args.path)
     return 0
+
+
+HTA_MISSING = ("--hta needs HolisticTraceAnalysis, which is not installed: "
+               "pip install 'pardiag[hta]' (or pip install HolisticTraceAnalysis)")
+
+
+def require_hta() -> None:
+    """HTA is an optional extra: say how to get it before any trace is read."""
+    import importlib.util
+
+    if importlib.util.find_spec("hta") is None:
+        raise UserError(HTA_MISSING)
 
 
 def nccl_log_paths(given: list[str]) -> list[Path]:
@@ -92,6 +114,8 @@ def load_or_analyze(
                 return cached
         except UserError:
             pass  # an older or broken cache: analyse again
+    if use_hta:
+        require_hta()  # only now: a cached analysis with HTA's numbers needs no HTA
     a = analyze_with_progress(path, jobs, quiet, use_hta, nccl_logs or [])
     if run is not None:
         try:
