@@ -6,14 +6,20 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.pardiag-installed
 TORCH_PIN ?= torch==2.13.0
+# pardiag itself needs no torch (README.md, "Install"); the tests run real jobs (torch), check
+# the analysis against HTA (the hta extra) and the collectors under Lightning, transformers and
+# Accelerate (the frameworks extra).
+EXTRAS ?= test,hta,frameworks
 
 .PHONY: venv demo test bench clean
 
-$(STAMP): pyproject.toml
+# Reinstalled whenever pyproject.toml (dependencies, extras) or this file (pins, EXTRAS) changes.
+# torch goes in first, and is named again with the extras so that no extra can replace it.
+$(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_PIN)"
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]' "$(TORCH_PIN)"
 	touch $(STAMP)
 
 venv: $(STAMP)
