@@ -46,3 +46,20 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) pardiag-runs build *.egg-info
+
+# GPU check (benchmarks/gpu_check.py, README.md "GPU check"). gpu-wheels, where pip works:
+# the wheels the GPU image lacks, at the versions .venv tests with, into .whl/ (GPU_PY: the
+# GPU machine's Python). gpu-check, on the GPU machine with its own python3 and torch:
+# installs .whl/ when present (no network, no dependencies), then checks. make turns every
+# failure into its own exit 2: run the script itself for its codes (1 failed, 3 no GPU).
+GPU_PYTHON ?= python3
+GPU_PY ?= 3.12
+GPU_CHECK_ARGS ?=
+
+.PHONY: gpu-wheels gpu-check
+
+gpu-wheels: $(STAMP)
+	$(BIN)/python benchmarks/gpu_check.py --download-wheels .whl --python-version $(GPU_PY)
+
+gpu-check:
+	@$(GPU_PYTHON) benchmarks/gpu_check.py --wheels .whl $(GPU_CHECK_ARGS)

@@ -137,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group(backend=args.backend or ("nccl" if use_cuda else "gloo"))
     rank = dist.get_rank() if distributed else 0
     world = dist.get_world_size() if distributed else 1
-    device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
+    # more local ranks than GPUs share them round-robin (gloo only: NCCL refuses two
+    # ranks on one GPU); with a GPU per rank this is cuda:<local rank>, as before
+    device = torch.device(f"cuda:{local_rank % torch.cuda.device_count()}" if use_cuda else "cpu")
     if use_cuda:
         torch.cuda.set_device(device)
 
