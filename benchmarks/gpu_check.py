@@ -928,14 +928,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--steps", type=int, default=120, help="optimizer steps of the nccl and plain runs")
     a("--max-overhead", type=float, default=1.10,
       help="largest step-time ratio (pardiag outside the profiler window / plain) that passes")
-    a("--budget", type=float, default=420, help="seconds for the whole check; later runs are skipped past it")
+    a("--budget", type=float, default=390,
+      help="seconds for the installs and runs (the HTA comparisons follow); later runs are skipped past it")
     a("--wheels", type=Path, default=None, metavar="DIR",
       help="first pip-install the wheels in DIR (no network, no dependencies) into --site")
     a("--site", type=Path, default=SITE, help="where --wheels installs")
     a("--download-wheels", type=Path, default=None, metavar="DIR",
       help="only fetch the wheels the GPU image lacks into DIR (versions of this environment), then exit")
     a("--python-version", default="3.12", help="Python version of the GPU machine, for --download-wheels")
-    a("--extra-wheel", action="append", default=[], metavar="NAME",
+    a("--extra-wheel", action="append", default=None, metavar="NAME",
       help="also fetch this package with --download-wheels (repeatable)")
     a("--cpu-dry-run", action="store_true",
       help="no GPU needed: the same runs on the CPU with gloo, to try the plumbing (GPU checks fail)")
@@ -954,7 +955,7 @@ def main(argv: list[str] | None = None) -> int:
         return nccl_probe_worker(args.probe_steps, args.probe_backend)
     try:
         if args.download_wheels is not None:
-            return download_wheels(args.download_wheels, args.python_version, args.extra_wheel)
+            return download_wheels(args.download_wheels, args.python_version, args.extra_wheel or [])
         if not args.cpu_dry_run and (reason := gpu_absent_reason()):
             print(f"{PROG}: {reason}: nothing checked")
             return EXIT_NO_GPU
