@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from importlib import resources
 from pathlib import Path
 
 from pardiag.collectors.config import CollectorConfig
-from pardiag.commands.run import choose_run_dir, record
+from pardiag.commands.run import check_job_torch, choose_run_dir, record
+from pardiag.errors import UserError
 
 DESCRIPTION = """Run the bundled DDP example (examples/train_ddp.py: a small transformer on
 synthetic data) with 2 ranks on this machine's CPU under `pardiag run`, then print
@@ -30,8 +32,9 @@ def example_script() -> Path:
 
 def execute(args: argparse.Namespace) -> int:
     extra = [a for a in (getattr(args, "cmd", None) or args.example_args or []) if a != "--"]
+    python = sys.executable  # the example runs with pardiag's own interpreter
     cmd = [
-        sys.executable,
+        python,
         "-m",
         "torch.distributed.run",
         "--nproc-per-node",
@@ -42,6 +45,11 @@ def execute(args: argparse.Namespace) -> int:
         str(args.epochs),
         *extra,
     ]
+    try:
+        check_job_torch(cmd, os.environ)
+    except UserError:
+        raise UserError(f"pardiag demo runs the example with {python}, which has no torch: install torch there, "
+                        "or run pardiag demo from the environment that has torch") from None
     out = args.out or str(Path("pardiag-runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}")
     run = choose_run_dir(out, cmd, None)
     return record(run, cmd, CollectorConfig(), None, quiet=args.quiet)
