@@ -727,7 +727,8 @@ def load_trace(path: str | Path, *, block_bytes: int = BLOCK_BYTES,
 
 # --------------------------------------------------------------------------- rank
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
-_DIST_KEY = '"distributedInfo"'
+HEAD_KEYS = ("distributedInfo", "deviceProperties", "host_name")
+"""The metadata ``trace_head`` reads: what Kineto writes before the event list."""
 
 
 def rank_of(path: str | Path) -> int | None:
@@ -738,14 +739,9 @@ def rank_of(path: str | Path) -> int | None:
     ``sampled_rank-0.json.gz``); else the last number in the file name; else None.
     """
     p = Path(path)
-    try:
-        with _open(p) as f:
-            head = f.read(_RANK_HEAD_BYTES)
-    except (OSError, EOFError, zlib.error):
-        head = b""
-    rank = _rank_in_head(head.decode("utf-8", "replace"))
-    if rank is not None:
-        return rank
+    info = _head_values(_read_head(p), ("distributedInfo",)).get("distributedInfo")
+    if isinstance(info, dict) and type(info.get("rank")) is int:
+        return int(info["rank"])
     m = _RANK_IN_NAME.search(p.name)
     if m is None:
         numbers = re.findall(r"\d+", p.name.split(".")[0])
@@ -753,21 +749,38 @@ def rank_of(path: str | Path) -> int | None:
     return int(m.group(1))
 
 
-def _rank_in_head(text: str) -> int | None:
-    end = text.find('"traceEvents"')
-    i = text.find(_DIST_KEY, 0, end if end >= 0 else len(text))
-    if i < 0:
-        return None
-    colon = text.find(":", i + len(_DIST_KEY))
-    if colon < 0:
-        return None
-    start = colon + 1
-    while start < len(text) and text[start].isspace():
-        start += 1
+def trace_head(path: str | Path) -> dict[str, Any]:
+    """The metadata Kineto writes before the event list (``distributedInfo``,
+    ``deviceProperties``, ``host_name``), from the first 256 kB of the file; {} for what
+    is not there or not readable (the full parse still reads the trace)."""
+    return _head_values(_read_head(Path(path)), HEAD_KEYS)
+
+
+def _read_head(path: Path) -> str:
+    """The first ``_RANK_HEAD_BYTES`` of the (gunzipped) file as text; "" if unreadable."""
     try:
-        info, _ = json.JSONDecoder().raw_decode(text, start)
-    except ValueError:
-        return None
-    if isinstance(info, dict) and type(info.get("rank")) is int:
-        return int(info["rank"])
-    return None
+        with _open(path) as f:
+            return f.read(_RANK_HEAD_BYTES).decode("utf-8", "replace")
+    except (OSError, EOFError, zlib.error):
+        return ""
+
+
+def _head_values(text: str, keys: Sequence[str]) -> dict[str, Any]:
+    """The JSON value of each top-level ``keys`` found before ``"traceEvents"`` in ``text``."""
+    end = text.find('"traceEvents"')
+    end = end if end >= 0 else len(text)
+    out: dict[str, Any] = {}
+    for key in keys:
+        quoted = f'"{key}"'
+        i = text.find(quoted, 0, end)
+        colon = text.find(":", i + len(quoted)) if i >= 0 else -1
+        if colon < 0:
+            continue
+        start = colon + 1
+        while start < len(text) and text[start].isspace():
+            start += 1
+        try:
+            out[key], _ = json.JSONDecoder().raw_decode(text, start)
+        except ValueError:
+            continue
+    return out
