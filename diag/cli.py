@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from typing import Callable, Sequence
 
@@ -57,7 +58,55 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argpars
     return parser, handlers
 
 
+# What a command killed by SIGPIPE reports to the shell (128 + 13), as `cat`, `grep` or `git
+# log` do when the reader of their output goes away (`pardiag analyze RUN | head -1`): a
+# `set -o pipefail` script sees the same as for them, and never a success for output that
+# was cut short.
+EXIT_BROKEN_PIPE = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. A closed stdout ends it quietly, with no traceback."""
+    try:
+        try:
+            return _main(argv)
+        finally:
+            if sys.stdout is not None:
+                sys.stdout.flush()  # a closed pipe shows up here, not in the interpreter's exit
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return EXIT_BROKEN_PIPE
+    except SystemExit as e:
+        if _rich_closed_pipe(e):
+            return EXIT_BROKEN_PIPE
+        raise
+
+
+def _rich_closed_pipe(e: SystemExit) -> bool:
+    """Whether rich ended the command on a closed stdout: its `Console.on_broken_pipe`
+    (in the rich versions that have it) points stdout at /dev/null itself and raises SystemExit(1)."""
+    console = sys.modules.get("rich.console")
+    hook = getattr(getattr(console, "Console", None), "on_broken_pipe", None)
+    tb = e.__traceback__
+    if hook is None or tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code is getattr(hook, "__code__", None)
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout at /dev/null, so that what is still buffered is dropped at exit
+    instead of failing again (the pattern of Python's `signal` documentation)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is no file (replaced, or already closed)
+        pass
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, handlers = build_parser()
     args, extra = _split_command(parser, argv)
