@@ -555,21 +555,72 @@ def _nccl_run_info(nccl: dict[str, Any]) -> dict[str, Any]:
 
 
 FRAMEWORK_KEYS = ("ddp", "fsdp", "amp", "dataloaders", "grad_accumulation", "optimizers", "parameters", "device", "threads")
+# Of DDP's own runtime record (`_get_ddp_logging_data()`, meta ddp[i].logging), the
+# numbers the advisor reads; the rest (addresses, per-parameter orders) stays in meta.json.
+DDP_LOGGING_KEPT = (
+    "iteration", "unused_parameter_size", "num_parameter_tensors", "total_parameter_size_bytes",
+    "avg_forward_compute_time", "avg_backward_compute_time", "avg_backward_comm_time",
+    "avg_backward_compute_comm_overlap_time", "has_rebuilt_buckets", "can_set_static_graph", "backend_name",
+    "module_name",
+)
 
 
 def _framework(metas: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     """What the job used, as rank 0 (or the lowest rank) saw it, plus the peak device
-    memory over all ranks."""
+    memory over all ranks; `name`/`version` of the framework that drove the optimizer
+    (None when the run did not record it: older runs, plain torch assumed); per DDP
+    module, the kept part of DDP's logging data and `across_ranks`: what every rank's
+    DDP recorded about unused parameters."""
+    import copy
+
     present = {r: m for r, m in metas.items() if m}
     if not present:
         return None
     first = present[min(present)]
-    out = {k: first.get(k) for k in FRAMEWORK_KEYS}
+    out = {k: copy.deepcopy(first.get(k)) for k in FRAMEWORK_KEYS}
     peaks = [((m.get("device") or {}).get("max_memory_reserved_bytes") or 0) for m in present.values()]
     out["peak_memory_reserved_bytes_max"] = max(peaks) if any(peaks) else None
+    ident = first.get("framework") if isinstance(first.get("framework"), dict) else {}
+    out["name"] = ident.get("name") if isinstance(ident.get("name"), str) else None
+    out["version"] = ident.get("version") if isinstance(ident.get("version"), str) else None
+    out["detected_from"] = ident.get("detected_from")
+    loaded = ident.get("loaded")
+    out["loaded"] = dict(loaded) if isinstance(loaded, dict) else {}
     if out.get("ddp"):
-        for d in out["ddp"]:
-            d.pop("logging", None)  # bulky; the facts that matter are kept above it
+        for i, d in enumerate(out["ddp"]):
+            if not isinstance(d, dict):
+                continue
+            log = d.pop("logging", None)  # bulky; the facts that matter are kept above it
+            d["logging"] = {k: log[k] for k in DDP_LOGGING_KEPT if k in log} if isinstance(log, dict) else {}
+            d["across_ranks"] = _ddp_across_ranks(present, i)
     if out.get("threads"):
         out["threads"].pop("python_executable", None)  # a local path: not for reports
     return out
+
+
+def _ddp_across_ranks(metas: dict[int, dict[str, Any]], i: int) -> dict[str, Any]:
+    """DDP module `i` as every rank recorded it: how many ranks have it, how many ran it
+    with find_unused_parameters, and the largest unused-parameter size any reported
+    (DDP records it at the iterations it samples; None where no rank did)."""
+    ranks = find_unused = 0
+    sizes: list[int] = []
+    iterations: list[int] = []
+    for m in metas.values():
+        mods = m.get("ddp") or []
+        if not isinstance(mods, list) or i >= len(mods) or not isinstance(mods[i], dict):
+            continue
+        ranks += 1
+        find_unused += bool(mods[i].get("find_unused_parameters"))
+        log = mods[i].get("logging") or {}
+        v, it = log.get("unused_parameter_size"), log.get("iteration")
+        if isinstance(v, int) and not isinstance(v, bool):
+            sizes.append(v)
+        if isinstance(it, int) and not isinstance(it, bool):
+            iterations.append(it)
+    return {
+        "ranks": ranks,
+        "find_unused_parameters": find_unused,
+        "unused_parameter_size_reported": len(sizes),
+        "unused_parameter_size_max": max(sizes) if sizes else None,
+        "iteration_min": min(iterations) if iterations else None,
+    }

@@ -20,12 +20,26 @@ Thresholds and where they come from (see ../shared/reference/anchors.md):
 - batch_size: peak memory <= 50% of capacity and GPU busy < 50% (TensorBoard plugin rule 5).
 - sync_points: >= 2 host-device synchronisations per step (Nsight Systems cuda_api_sync).
 - host_overhead: GPU idle >= 20% with median compute kernels under 20 us (launch-bound).
+- ddp_find_unused (an extension of DESIGN.md's vocabulary): DDP ran with
+  find_unused_parameters=True (no static graph) and every rank's DDP recorded no unused
+  parameter. Low severity and no estimated saving: what the search costs is not
+  separable in one run (the profiler inflates its small per-parameter operators), and
+  DDP samples the unused-parameter size only at some iterations.
+
+Actions are written in the words of the framework that drove the job
+(`run.framework.name`: the Hugging Face Trainer, Lightning Trainer or Fabric, Accelerate,
+DeepSpeed), with the numbers the rule computed; plain torch otherwise. For the rules
+that have framework forms, `action.code` is that form, `action.framework` names it,
+`action.settings` lists the keyword arguments (or DeepSpeed config keys) as data and
+`action.torch_code` keeps the plain torch form. An action that changes the global batch
+says so in `action.batch`, with what it means for the learning rate.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from pardiag.analysis import Analysis, Finding, RankResult
@@ -102,6 +116,228 @@ def _pct(x: float) -> float:
     return round(100.0 * x, 1)
 
 
+# -- the framework the job ran under ------------------------------------------------------
+
+FRAMEWORKS = ("torch", "lightning", "lightning_fabric", "transformers", "accelerate", "deepspeed")
+HF_ARGS = "transformers.TrainingArguments"
+ACC = "accelerate.Accelerator"
+ACC_DDP = "accelerate.utils.DistributedDataParallelKwargs"
+DS_CONFIG = "deepspeed.config"  # keys of the DeepSpeed config (JSON or dict), not a class
+TORCH_LOADER = "torch.utils.data.DataLoader"
+TORCH_DDP = "torch.nn.parallel.DistributedDataParallel"
+
+
+class Expr(str):
+    """A keyword value written as code (a name, an expression), not as a literal."""
+
+
+def _lit(v: Any) -> str:
+    if isinstance(v, Expr):
+        return str(v)
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    if isinstance(v, str):
+        return json.dumps(v)
+    return repr(v)  # bool, int, None, dict of literals
+
+
+def _call(name: str, kwargs: dict[str, Any], rest: bool = True) -> str:
+    """`name(..., k=v)`: `...` stands for the arguments the job already passes."""
+    args = (["..."] if rest else []) + [f"{k}={_lit(v)}" for k, v in kwargs.items()]
+    return f"{name}({', '.join(args)})"
+
+
+@dataclass(frozen=True)
+class Form:
+    """One change in one framework's words: the code to paste and, as data, the
+    keyword arguments it sets per callable (`call` is the import path)."""
+
+    code: str
+    settings: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _set(call: str, **kwargs: Any) -> dict[str, Any]:
+    return {"call": call, "kwargs": kwargs}
+
+
+def framework_name(fw: dict[str, Any]) -> str:
+    """The framework the job's optimizer steps came from; plain torch when the run did
+    not record one (older runs) or names another."""
+    name = fw.get("name")
+    return name if name in FRAMEWORKS else "torch"
+
+
+def _lightning(fw: dict[str, Any]) -> tuple[str, str]:
+    """Import paths of (Trainer's package, Fabric's package) as the job imported them:
+    the unified `lightning` package unless only the standalone ones were loaded."""
+    loaded = fw.get("loaded") or {}
+    unified = "lightning" in loaded
+    return ("pytorch_lightning" if "pytorch_lightning" in loaded and not unified else "lightning.pytorch",
+            "lightning_fabric" if "lightning_fabric" in loaded and not unified else "lightning.fabric")
+
+
+def _major(version: Any) -> int | None:
+    try:
+        return int(str(version).split(".")[0])
+    except ValueError:
+        return None
+
+
+def _lightning_precision(fw: dict[str, Any], half: str) -> Any:
+    """Lightning 2 names mixed precision "bf16-mixed"/"16-mixed"; 1.x used "bf16"/16."""
+    if (_major(fw.get("version")) or 2) < 2:
+        return "bf16" if half == "bf16" else 16
+    return "bf16-mixed" if half == "bf16" else "16-mixed"
+
+
+def _hf(note: str = "", /, **kwargs: Any) -> Form:
+    return Form("from transformers import TrainingArguments\n"
+                f"args = {_call('TrainingArguments', kwargs)}  # with your other arguments{note}",
+                [_set(HF_ARGS, **kwargs)])
+
+
+def _trainer(fw: dict[str, Any], **kwargs: Any) -> Form:
+    pkg = _lightning(fw)[0]
+    return Form(f"from {pkg} import Trainer\ntrainer = {_call('Trainer', kwargs)}", [_set(f"{pkg}.Trainer", **kwargs)])
+
+
+def _fabric(fw: dict[str, Any], **kwargs: Any) -> Form:
+    pkg = _lightning(fw)[1]
+    return Form(f"from {pkg} import Fabric\nfabric = {_call('Fabric', kwargs)}", [_set(f"{pkg}.Fabric", **kwargs)])
+
+
+def _accelerator(**kwargs: Any) -> Form:
+    return Form(f"from accelerate import Accelerator\naccelerator = {_call('Accelerator', kwargs)}",
+                [_set(ACC, **kwargs)])
+
+
+def _ds(config: dict[str, Any], note: str = "") -> Form:
+    return Form("# DeepSpeed config (the JSON file or dict given to deepspeed.initialize), merged into yours"
+                + (f"; {note}" if note else "") + ":\n" + json.dumps(config),
+                [_set(DS_CONFIG, **config)])
+
+
+def _ddp_strategy(fw: dict[str, Any], owner: str, ddp_kwargs: dict[str, Any], imports: str = "") -> Form:
+    """Lightning's DDPStrategy (its keyword arguments go to DistributedDataParallel) in a
+    Trainer (`owner` "trainer") or Fabric."""
+    trainer_pkg, fabric_pkg = _lightning(fw)
+    pkg, cls = (trainer_pkg, "Trainer") if owner == "trainer" else (fabric_pkg, "Fabric")
+    strategy = _call("DDPStrategy", ddp_kwargs, rest=False)
+    return Form(f"from {pkg} import {cls}\nfrom {pkg}.strategies import DDPStrategy\n{imports}"
+                f"{cls.lower()} = {_call(cls, {'strategy': Expr(strategy)})}",
+                [_set(f"{pkg}.strategies.DDPStrategy", **ddp_kwargs), _set(f"{pkg}.{cls}", strategy=Expr(strategy))])
+
+
+def _accelerate_ddp(ddp_kwargs: dict[str, Any], imports: str = "", note: str = "") -> Form:
+    return Form("from accelerate import Accelerator\nfrom accelerate.utils import DistributedDataParallelKwargs\n"
+                f"{imports}ddp_kwargs = {_call('DistributedDataParallelKwargs', ddp_kwargs, rest=False)}"
+                + (f"  # {note}" if note else "") + "\n"
+                f"accelerator = {_call('Accelerator', {'kwargs_handlers': Expr('[ddp_kwargs]')})}",
+                [_set(ACC_DDP, **ddp_kwargs), _set(ACC, kwargs_handlers=Expr("[ddp_kwargs]"))])
+
+
+def _loader_form(where: str, kwargs: dict[str, Any]) -> Form:
+    args = ", ".join(["dataset"] + [f"{k}={_lit(v)}" for k, v in kwargs.items()])
+    return Form(f"# {where}\nDataLoader({args})", [_set(TORCH_LOADER, **kwargs)])
+
+
+LOADER_PLACE = {
+    "lightning": "in your LightningDataModule's (or LightningModule's) train_dataloader()",
+    "lightning_fabric": "the DataLoader you pass to fabric.setup_dataloaders()",
+    "accelerate": "the DataLoader you pass to accelerator.prepare()",
+    "deepspeed": "the DataLoader you build (or the one deepspeed.initialize builds from training_data)",
+}
+
+
+def _whole(x: float) -> int:
+    """A size for settings that take whole megabytes (TrainingArguments, Accelerate)."""
+    return max(1, int(math.floor(x + 0.5)))
+
+
+def in_framework(ctx: Context, action: dict[str, Any], forms: dict[str, Form],
+                 torch_settings: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """`action` with its code in the words of the job's framework where `forms` has one
+    (the plain torch code kept in `torch_code`), plus `framework` and `settings`."""
+    name = framework_name(ctx.fw)
+    form = forms.get(name) if name != "torch" else None
+    out = dict(action)
+    if form is None:
+        out["framework"] = "torch"
+        if torch_settings:
+            out["settings"] = list(torch_settings)
+        return out
+    if action.get("code"):
+        out["torch_code"] = action["code"]
+    out["code"] = form.code
+    out["framework"] = name
+    out["settings"] = list(form.settings)
+    return out
+
+
+# -- what a change of the global batch means for the learning rate -----------------------
+
+SGD_LIKE = ("SGD",)
+ADAM_LIKE = ("Adam", "AdamW", "NAdam", "RAdam", "Adamax", "FusedAdam", "DeepSpeedCPUAdam")
+
+
+def batch_change(ctx: Context, factor: int) -> dict[str, Any]:
+    """The global batch per optimizer step before and after a change that multiplies it
+    by `factor`, and what to do about the learning rate (`note`; `comment`: the same in
+    one line for the code)."""
+    loaders = ctx.fw.get("dataloaders") or []
+    per_rank = loaders[0].get("batch_size") if loaders and isinstance(loaders[0], dict) else None
+    world = int(ctx.a.run.get("world_size") or len(ctx.a.ranks) or 1)
+    acc = (ctx.fw.get("grad_accumulation") or {}).get("backwards_per_step") or 1
+    before = int(per_rank * world * acc) if isinstance(per_rank, int) and per_rank > 0 else None
+    after = before * factor if before else None
+    opts = ctx.fw.get("optimizers") or []
+    opt = opts[0] if opts and isinstance(opts[0], dict) else {}
+    # The learning rate a scheduler started from (torch's schedulers keep it as the group's
+    # initial_lr); the current `lr` is wherever the schedule was when recorded, so no
+    # numbers are proposed from it.
+    cls, lr = opt.get("class"), opt.get("initial_lr")
+    lr = lr if isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr > 0 else None
+    sqrt = math.sqrt(factor)
+    if cls in SGD_LIKE:
+        rule = (f"{cls}: the linear scaling rule (lr x{factor}"
+                + (f", initial lr {lr:g} -> {lr * factor:g}" if lr else "")
+                + ") with a warm-up is the usual start (Goyal et al., 2017)")
+        short = (f"{cls} lr x{factor}" + (f" ({lr:g} -> {lr * factor:g})" if lr else "")
+                 + ", linear rule, with warm-up")
+    elif cls in ADAM_LIKE:
+        rule = (f"{cls}: Adam-type optimizers usually tolerate less than linear scaling; lr x{sqrt:.2g} (square root of "
+                f"{factor}" + (f", initial lr {lr:g} -> {lr * sqrt:.3g}" if lr else "") + ") is a common start")
+        short = f"{cls} lr x{sqrt:.2g}" + (f" ({lr:g} -> {lr * sqrt:.3g})" if lr else "") + ", less than linear"
+    else:
+        rule = (f"linear scaling (lr x{factor}) with a warm-up is the usual start for SGD (Goyal et al., 2017); "
+                f"Adam-type optimizers usually tolerate less (about x{sqrt:.2g})")
+        short = f"SGD lr x{factor} with warm-up; Adam-type about x{sqrt:.2g}"
+    if before:
+        shape = f"{per_rank} per rank x {world} rank{'s' if world != 1 else ''} x {int(acc * factor)} micro-batch" + (
+            "es" if acc * factor != 1 else "")
+        head = f"global batch {before} -> {after} samples per optimizer step ({shape})"
+    else:
+        head = f"global batch {factor}x larger per optimizer step"
+    note = (f"{head}: an epoch takes {factor}x fewer optimizer steps, so schedules counted in steps (warm-up, "
+            f"decay, max_steps) need adjusting, and the learning rate needs re-tuning: {rule}; compare the loss curve "
+            "with this run's")
+    return {"factor": factor, "global_batch_before": before, "global_batch_after": after, "optimizer": cls,
+            "initial_lr": lr,
+            "note": note, "comment": f"# changes training: {head.split(' (')[0]}; re-tune the learning rate ({short})"}
+
+
+def _with_batch(action: dict[str, Any], batch: dict[str, Any]) -> dict[str, Any]:
+    """An action that changes the global batch: `batch` (numbers and note), the note in
+    the assumption, and one comment line under each form of the code."""
+    out = dict(action)
+    out["batch"] = {k: v for k, v in batch.items() if k != "comment"}
+    out["assumption"] = f"{action['assumption']}; {batch['note']}" if action.get("assumption") else batch["note"]
+    for key in ("code", "torch_code"):
+        if isinstance(out.get(key), str) and out[key]:
+            out[key] = f"{out[key]}\n{batch['comment']}"
+    return out
+
+
 # -- rules ------------------------------------------------------------------------------
 
 
@@ -154,9 +390,12 @@ def dataloader(ctx: Context) -> Finding | None:
     # loading in parallel the wait disappears once w * step >= load time
     need = max(2, math.ceil(share / max(1e-6, 1 - share)) + 1) if workers == 0 else workers * 2
     proposal = min(need, per_rank_cpus) if per_rank_cpus > 1 else need
-    args = [f"num_workers={proposal}", "persistent_workers=True", "prefetch_factor=2"]
+    kw: dict[str, Any] = {"num_workers": proposal, "persistent_workers": True, "prefetch_factor": 2}
     if ctx.gpu and not cur.get("pin_memory"):
-        args.append("pin_memory=True")
+        kw["pin_memory"] = True
+    hf = {f"dataloader_{k}": v for k, v in kw.items()}
+    forms = {"transformers": _hf(**hf)}
+    forms.update({name: _loader_form(where, kw) for name, where in LOADER_PLACE.items()})
     return Finding(
         lever="dataloader",
         severity=_sev(share, 0.05, 0.20),
@@ -167,8 +406,11 @@ def dataloader(ctx: Context) -> Finding | None:
         ),
         ranks=[r.rank for r in ctx.a.ranks],
         est_saving_pct=_pct(share * 0.9),
-        action={"code": f"DataLoader(dataset, batch_size=..., {', '.join(args)})", "doc": DOCS["dataloader"],
-                "assumption": "workers load batches while the GPU/CPU computes; 90% of the wait hidden"},
+        action=in_framework(ctx, {
+            "code": f"DataLoader(dataset, batch_size=..., {', '.join(f'{k}={_lit(v)}' for k, v in kw.items())})",
+            "doc": DOCS["dataloader"],
+            "assumption": "workers load batches while the GPU/CPU computes; 90% of the wait hidden"},
+            forms, [_set(TORCH_LOADER, **kw)]),
     )
 
 
@@ -184,16 +426,43 @@ def gradient_accumulation(ctx: Context) -> Finding | None:
         return None
     k = 4
     saving = exposed * (1 - 1 / k)
+    batch = batch_change(ctx, k)
+    grows = (f" (global batch {batch['global_batch_before']} -> {batch['global_batch_after']})"
+             if batch["global_batch_before"] else f" (global batch {k}x)")
+    fabric_pkg = _lightning(ctx.fw)[1]
+    forms = {
+        "transformers": _hf(gradient_accumulation_steps=k),
+        "lightning": _trainer(ctx.fw, accumulate_grad_batches=k),
+        "lightning_fabric": Form(
+            f"for i, batch in enumerate(loader):\n"
+            f"    sync = (i + 1) % {k} == 0\n"
+            f"    with fabric.no_backward_sync(model, enabled=not sync):\n"
+            f"        fabric.backward(loss_fn(model(batch)) / {k})\n"
+            f"    if sync:\n"
+            f"        optimizer.step(); optimizer.zero_grad()",
+            [_set(f"{fabric_pkg}.Fabric.no_backward_sync", enabled=Expr("not sync"))]),
+        "accelerate": Form(
+            f"from accelerate import Accelerator\n"
+            f"accelerator = {_call('Accelerator', {'gradient_accumulation_steps': k})}\n"
+            f"for batch in loader:\n"
+            f"    with accelerator.accumulate(model):  # syncs gradients every {k}th micro-batch\n"
+            f"        accelerator.backward(loss_fn(model(batch)))  # divides the loss by {k}\n"
+            f"        optimizer.step(); optimizer.zero_grad()  # steps every {k}th",
+            [_set(ACC, gradient_accumulation_steps=k)]),
+        "deepspeed": _ds({"gradient_accumulation_steps": k},
+                         "if it sets train_batch_size, that must equal micro-batch x accumulation x ranks"),
+    }
     return Finding(
         lever="gradient_accumulation",
         severity=_sev(exposed, 0.10, 0.20),
-        title=f"communication not hidden by compute takes {exposed:.0%} of the step; accumulate {k} micro-batches per sync",
+        title=f"communication not hidden by compute takes {exposed:.0%} of the step; accumulate {k} micro-batches "
+              f"per sync{grows}",
         evidence=[f"exposed communication {exposed:.1%} of the profiled time (mean over ranks, "
                   "waiting for other ranks left out)",
                   "one backward pass per optimizer step (no gradient accumulation)"],
         ranks=[r.rank for r in ctx.ranks],
         est_saving_pct=_pct(saving),
-        action={
+        action=_with_batch(in_framework(ctx, {
             "code": (
                 f"for i, batch in enumerate(loader):\n"
                 f"    sync = (i + 1) % {k} == 0\n"
@@ -203,9 +472,8 @@ def gradient_accumulation(ctx: Context) -> Finding | None:
                 f"        optimizer.step(); optimizer.zero_grad()"
             ),
             "doc": DOCS["no_sync"],
-            "assumption": f"exposed communication paid once per {k} micro-batches; the global batch grows {k}x "
-                          "(scale the learning rate or shrink the micro-batch)",
-        },
+            "assumption": f"exposed communication paid once per {k} micro-batches, each as large as now",
+        }, forms), batch),
     )
 
 
@@ -221,7 +489,7 @@ def ddp_bucket_size(ctx: Context) -> Finding | None:
     mean_bytes = sum(c.bytes for c in ar) / sum(c.calls for c in ar) if ar and any(c.bytes for c in ar) else None
     evidence = [f"exposed communication {exposed:.1%} of the profiled time",
                 f"bucket_cap_mb={cap:g}: {len(sizes)} bucket(s) of {', '.join(f'{b / 2**20:.1f}' for b in sizes)} MB"]
-    if len(sizes) == 1 and total > 0:
+    if len(sizes) == 1 and total > 2**20:  # at most 1 MB: a 1 MB cap would not split it
         new_cap = max(1.0, round(total / 4 / 2**20, 1))
         why = "one bucket: its all-reduce can only start after the whole backward pass"
         saving = min(exposed * 0.5, ctx.share("compute") * 0.5)
@@ -232,17 +500,40 @@ def ddp_bucket_size(ctx: Context) -> Finding | None:
         evidence.append(f"{sum(c.calls for c in ar)} all-reduces in the window, mean {mean_bytes / 2**10:.0f} KB")
     else:
         return None
-    extra = []
+    kw: dict[str, Any] = {"bucket_cap_mb": new_cap}
     if not d.get("gradient_as_bucket_view"):
-        extra.append("gradient_as_bucket_view=True")
-    if not d.get("static_graph") and not d.get("find_unused_parameters"):
-        extra.append("static_graph=True")
-    args = ", ".join([f"bucket_cap_mb={new_cap:.3g}"] + extra)
-    code = f"model = DistributedDataParallel(model, {args})"
-    if not d.get("comm_hook") and exposed >= 0.10:
+        kw["gradient_as_bucket_view"] = True
+    static = not d.get("static_graph") and not d.get("find_unused_parameters")
+    if static:
+        kw["static_graph"] = True
+    hook = not d.get("comm_hook") and exposed >= 0.10
+    code = f"model = DistributedDataParallel(model, {', '.join(f'{k}={_lit(v)}' for k, v in kw.items())})"
+    if hook:
         code += ("\n# and send gradients in bf16 (half the bytes):\n"
                  "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
                  "model.register_comm_hook(None, default_hooks.bf16_compress_hook)")
+    whole = _whole(new_cap)
+    rounded = f"{new_cap:.3g} MB rounded: it takes whole MB" if whole != round(new_cap, 3) else ""
+    hf_kw: dict[str, Any] = {"ddp_bucket_cap_mb": whole}
+    if static:
+        hf_kw["ddp_static_graph"] = True
+    hf = _hf(f"; {rounded}" if rounded else "", **hf_kw)
+    left = [x for x, on in (("gradient_as_bucket_view", "gradient_as_bucket_view" in kw),
+                            ("a bf16 compression hook", hook)) if on]
+    if left:
+        hf = Form(hf.code + f"\n# TrainingArguments has no setting for {' or '.join(left)}", hf.settings)
+    hook_import = "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
+    acc_kw = dict(kw, bucket_cap_mb=whole)
+    if hook:
+        acc_kw["comm_hook"] = Expr("DDPCommunicationHookType.BF16")
+    acc = _accelerate_ddp(acc_kw, "from accelerate.utils import DDPCommunicationHookType\n" if hook else "", rounded)
+    forms = {
+        "transformers": hf,
+        "lightning": _ddp_strategy(ctx.fw, "trainer", dict(kw, ddp_comm_hook=Expr("default_hooks.bf16_compress_hook"))
+                                   if hook else kw, hook_import if hook else ""),
+        "lightning_fabric": _ddp_strategy(ctx.fw, "fabric", kw),
+        "accelerate": acc,
+    }
     return Finding(
         lever="ddp_bucket_size",
         severity=_sev(exposed, 0.10, 0.20),
@@ -250,8 +541,9 @@ def ddp_bucket_size(ctx: Context) -> Finding | None:
         evidence=evidence,
         ranks=[r.rank for r in ctx.ranks],
         est_saving_pct=_pct(saving),
-        action={"code": code, "doc": DOCS["ddp"],
-                "assumption": "half of the exposed all-reduce overlaps the remaining backward pass"},
+        action=in_framework(ctx, {"code": code, "doc": DOCS["ddp"],
+                                  "assumption": "half of the exposed all-reduce overlaps the remaining backward pass"},
+                            forms, [_set(TORCH_DDP, **kw)]),
     )
 
 
@@ -307,6 +599,7 @@ def mixed_precision(ctx: Context) -> Finding | None:
     if dtype == "torch.float16":
         code = ("scaler = torch.amp.GradScaler()\nwith torch.autocast(device_type='cuda', dtype=torch.float16):\n"
                 "    loss = loss_fn(model(batch))\nscaler.scale(loss).backward()\nscaler.step(optimizer); scaler.update()")
+    forms = _precision_forms(ctx, "bf16" if dtype == "torch.bfloat16" else "fp16")
     return Finding(
         lever="mixed_precision",
         severity=_sev(share, 0.10, 0.30),
@@ -315,9 +608,22 @@ def mixed_precision(ctx: Context) -> Finding | None:
                   "no autocast seen in forward"],
         ranks=[r.rank for r in ctx.ranks],
         est_saving_pct=_pct(saving),
-        action={"code": code, "doc": DOCS["amp"],
-                "assumption": "fp32 GEMMs run 4x and TF32 GEMMs 1.5x faster in bf16/fp16 (half the peak ratios)"},
+        action=in_framework(ctx, {"code": code, "doc": DOCS["amp"],
+                                  "assumption": "fp32 GEMMs run 4x and TF32 GEMMs 1.5x faster in bf16/fp16 "
+                                                "(half the peak ratios)"}, forms),
     )
+
+
+def _precision_forms(ctx: Context, half: str) -> dict[str, Form]:
+    """Mixed precision in each framework's words; `half` is "bf16" or "fp16" (the
+    frameworks add the loss scaling fp16 needs themselves)."""
+    return {
+        "transformers": _hf(**{half: True}),
+        "lightning": _trainer(ctx.fw, precision=_lightning_precision(ctx.fw, half)),
+        "lightning_fabric": _fabric(ctx.fw, precision=_lightning_precision(ctx.fw, half)),
+        "accelerate": _accelerator(mixed_precision=half),
+        "deepspeed": _ds({half: {"enabled": True}}),
+    }
 
 
 def _cpu_mixed_precision(ctx: Context) -> Finding | None:
@@ -339,9 +645,10 @@ def _cpu_mixed_precision(ctx: Context) -> Finding | None:
                   f"CPU has {'AMX' if dev.get('amx') else 'AVX512-BF16'}; parameters are float32; no autocast seen"],
         ranks=[r.rank for r in ctx.ranks],
         est_saving_pct=_pct(share * (1 - 1 / CPU_BF16_SPEEDUP)),
-        action={"code": "with torch.autocast(device_type='cpu', dtype=torch.bfloat16):\n"
-                        "    loss = loss_fn(model(batch))\nloss.backward()",
-                "doc": DOCS["amp"], "assumption": f"matmuls {CPU_BF16_SPEEDUP:g}x faster in bf16"},
+        action=in_framework(ctx, {"code": "with torch.autocast(device_type='cpu', dtype=torch.bfloat16):\n"
+                                          "    loss = loss_fn(model(batch))\nloss.backward()",
+                                  "doc": DOCS["amp"], "assumption": f"matmuls {CPU_BF16_SPEEDUP:g}x faster in bf16"},
+                            _precision_forms(ctx, "bf16")),
     )
 
 
@@ -367,19 +674,27 @@ def sharding(ctx: Context) -> Finding | None:
             evidence=ev + [f"unsharded model state {state * n / gb:.2f} GB is under 25% of the device",
                            f"exposed communication {ctx.exposed_transfer():.0%}"],
             ranks=[], est_saving_pct=None,
-            action={"code": "model = DistributedDataParallel(model)  # instead of fully_shard(model)", "doc": DOCS["ddp"]},
+            action=in_framework(ctx, {"code": "model = DistributedDataParallel(model)  # instead of fully_shard(model)",
+                                      "doc": DOCS["ddp"]}, {
+                "lightning": _trainer(ctx.fw, strategy="ddp"),
+                "lightning_fabric": _fabric(ctx.fw, strategy="ddp"),
+                "transformers": Form("# drop fsdp=... and fsdp_config=... from TrainingArguments: the Trainer then "
+                                     "wraps the model in DistributedDataParallel"),
+                "accelerate": Form("# drop fsdp_plugin=... from Accelerator(...) (and FSDP from the accelerate "
+                                   "config): accelerator.prepare then wraps the model in DistributedDataParallel"),
+            }),
         )
     if ctx.fw.get("fsdp") or (peak < 0.90 * total and state < 0.60 * total):
         return None
     if opt >= params and 2 * params + opt / n < 0.6 * total:
         stage, code = "ZeRO-1 (shard the optimizer state)", "# torch: ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW)"
-        after = 2 * params + opt / n
+        after, zero = 2 * params + opt / n, 1
     elif params + (params + opt) / n < 0.6 * total:
         stage, code = "ZeRO-2 (shard gradients and optimizer state)", "# DeepSpeed: zero_optimization.stage = 2"
-        after = params + (params + opt) / n
+        after, zero = params + (params + opt) / n, 2
     elif state / n < 0.6 * total:
         stage, code = "FSDP / ZeRO-3 (shard parameters too)", "for block in model.blocks:\n    fully_shard(block)\nfully_shard(model)"
-        after = state / n
+        after, zero = state / n, 3
     else:
         return Finding(
             lever="sharding", severity="high",
@@ -392,8 +707,38 @@ def sharding(ctx: Context) -> Finding | None:
         title=f"device memory is the limit: {stage} frees room for larger batches",
         evidence=ev + [f"after sharding over {n} ranks: about {after / gb:.2f} GB of model state per rank"],
         ranks=[], est_saving_pct=None,
-        action={"code": code, "doc": DOCS["zero"] if "ZeRO" in stage else DOCS["fsdp"]},
+        action=in_framework(ctx, {"code": code, "doc": DOCS["zero"] if "ZeRO" in stage else DOCS["fsdp"]},
+                            _sharding_forms(ctx, zero)),
     )
+
+
+def _sharding_forms(ctx: Context, zero: int) -> dict[str, Form]:
+    """ZeRO stage `zero` (3: parameters too, FSDP's full sharding) in each framework's words."""
+    hf_ds = {"zero_optimization": {"stage": zero}, "train_micro_batch_size_per_gpu": "auto",
+             "gradient_accumulation_steps": "auto", "train_batch_size": "auto"}
+    if zero == 3:
+        acc = Form("from accelerate import Accelerator\nfrom accelerate.utils import FullyShardedDataParallelPlugin\n"
+                   "# FULL_SHARD by default; give auto_wrap_policy to shard layer by layer\n"
+                   f"accelerator = {_call('Accelerator', {'fsdp_plugin': Expr('FullyShardedDataParallelPlugin()')})}",
+                   [_set(ACC, fsdp_plugin=Expr("FullyShardedDataParallelPlugin()"))])
+        strategy = "fsdp"
+    else:
+        plugin = f"DeepSpeedPlugin(zero_stage={zero})"
+        acc = Form("from accelerate import Accelerator\nfrom accelerate.utils import DeepSpeedPlugin\n"
+                   f"accelerator = {_call('Accelerator', {'deepspeed_plugin': Expr(plugin)})}",
+                   [_set("accelerate.utils.DeepSpeedPlugin", zero_stage=zero), _set(ACC, deepspeed_plugin=Expr(plugin))])
+        strategy = f"deepspeed_stage_{zero}"
+    forms = {
+        "transformers": _hf(deepspeed=hf_ds),
+        "lightning": _trainer(ctx.fw, strategy=strategy),
+        "lightning_fabric": _fabric(ctx.fw, strategy=strategy),
+        "accelerate": acc,
+    }
+    uses_deepspeed = ("transformers",) if zero == 3 else ("transformers", "lightning", "lightning_fabric", "accelerate")
+    for k in uses_deepspeed:
+        forms[k] = Form(forms[k].code + "\n# needs the deepspeed package", forms[k].settings)
+    forms["deepspeed"] = _ds({"zero_optimization": {"stage": zero}})
+    return forms
 
 
 def batch_size(ctx: Context) -> Finding | None:
@@ -407,33 +752,157 @@ def batch_size(ctx: Context) -> Finding | None:
         return None
     loaders = ctx.fw.get("dataloaders") or []
     bs = (loaders[0].get("batch_size") if loaders else None) or "B"
+    new = bs * 2 if isinstance(bs, int) else Expr("...")
+    forms = {"transformers": _hf(per_device_train_batch_size=new)}
+    forms.update({name: _loader_form(where, {"batch_size": new}) for name, where in LOADER_PLACE.items()})
+    if isinstance(new, int):
+        forms["deepspeed"] = _ds({"train_micro_batch_size_per_gpu": new}, "if it sets train_batch_size, double that too")
     return Finding(
         lever="batch_size", severity="medium",
         title=f"the GPU is busy {busy:.0%} of the step and uses {peak / total:.0%} of its memory: a larger batch amortises overheads",
         evidence=[f"peak memory reserved {peak / 2**30:.1f} of {total / 2**30:.0f} GB", f"GPU busy {busy:.0%} of the profiled time"],
         ranks=[r.rank for r in ctx.ranks], est_saving_pct=None,
-        action={"code": f"DataLoader(dataset, batch_size={bs if isinstance(bs, str) else bs * 2}, ...)  # and scale the learning rate",
-                "assumption": "throughput per sample improves; convergence may need a learning-rate change"},
+        action=_with_batch(in_framework(ctx, {
+            "code": f"DataLoader(dataset, batch_size={bs if isinstance(bs, str) else bs * 2}, ...)",
+            "assumption": "throughput per sample improves"}, forms), batch_change(ctx, 2)),
     )
 
 
 def sync_points(ctx: Context) -> Finding | None:
     if not ctx.gpu:
         return None
-    calls = steps = 0
+    calls = steps = left_out = 0
+    reducer = _reducer_item_reads(ctx)
     for r in ctx.ranks:
-        calls += int(r.ops.get("sync_calls") or 0) + int(r.ops.get("item_calls") or 0)
+        items = int(r.ops.get("item_calls") or 0)
+        skip = min(items, reducer * r.steps_profiled)
+        calls += int(r.ops.get("sync_calls") or 0) + items - skip
+        left_out += skip
         steps += r.steps_profiled
     per_step = calls / steps if steps else 0.0
     if per_step < 2:
         return None
+    evidence = [f"{calls} synchronising calls (cudaStreamSynchronize, cudaMemcpy, .item(), nonzero) in {steps} rank-steps"]
+    if left_out:
+        evidence.append(f"{left_out} .item() reads of DDP's used-parameter map left out (CPU memory: no GPU wait)")
     return Finding(
         lever="sync_points", severity="medium" if per_step >= 10 else "low",
         title=f"{per_step:.0f} host-GPU synchronisations per step stall the launch queue",
-        evidence=[f"{calls} synchronising calls (cudaStreamSynchronize, cudaMemcpy, .item(), nonzero) in {steps} rank-steps"],
+        evidence=evidence,
         ranks=[r.rank for r in ctx.ranks], est_saving_pct=None,
         action={"code": "# keep metrics on the GPU; read them every N steps\nrunning_loss += loss.detach()\n"
                         "if step % 50 == 0:\n    print(running_loss.item() / 50)", "doc": DOCS["sync"]},
+    )
+
+
+def _find_unused_modules(ctx: Context) -> list[dict[str, Any]]:
+    """DDP modules that search for unused parameters every iteration (find_unused_parameters
+    without a static graph, which skips the search after its first iteration)."""
+    return [d for d in ctx.fw.get("ddp") or []
+            if isinstance(d, dict) and d.get("find_unused_parameters") and not d.get("static_graph")]
+
+
+def _reducer_item_reads(ctx: Context) -> int:
+    """Operators per step with which DDP's reducer reads its map of used parameters under
+    find_unused_parameters: one `.item()` per parameter tensor, traced as aten::item and
+    aten::_local_scalar_dense. The map is in CPU memory, so they never wait for the GPU."""
+    n = 0
+    for d in _find_unused_modules(ctx):
+        t = (d.get("logging") or {}).get("num_parameter_tensors")
+        if isinstance(t, int) and not isinstance(t, bool):
+            n += 2 * t
+    return n
+
+
+FIND_UNUSED_ON = {
+    "transformers": "the Hugging Face Trainer passes find_unused_parameters=True to DDP unless "
+                    "ddp_find_unused_parameters is set (or, for its own models, gradient checkpointing is on)",
+    "lightning": 'Lightning turns it on with strategy="ddp_find_unused_parameters_true" or '
+                 'DDPStrategy(find_unused_parameters=True); its "ddp" leaves it off',
+    "lightning_fabric": 'Fabric turns it on with strategy="ddp_find_unused_parameters_true" or '
+                        'DDPStrategy(find_unused_parameters=True); its "ddp" leaves it off',
+    "accelerate": "Accelerate turns it on with DistributedDataParallelKwargs(find_unused_parameters=True); "
+                  "its default is False",
+}
+FIND_UNUSED_CAVEAT = (
+    "# if some iteration leaves a parameter without gradient (a branch not taken), DDP then stops with\n"
+    "# \"Expected to have finished reduction in the prior iteration\": keep True for such a model, or use\n"
+    "# {static} when the same parameters go unused in every iteration"
+)
+STATIC_GRAPH = {"torch": "static_graph=True", "transformers": "ddp_static_graph=True",
+                "lightning": "DDPStrategy(static_graph=True)", "lightning_fabric": "DDPStrategy(static_graph=True)",
+                "accelerate": "DistributedDataParallelKwargs(static_graph=True)"}
+
+
+def _sampled(iteration: int) -> str:
+    """The iterations at which DDP records its runtime statistics, up to `iteration`
+    (the first 10, then every 100th)."""
+    if iteration <= 1:
+        return "iteration 1"
+    head = f"iterations 1-{min(iteration, 10)}"
+    return head + (f" and every 100th up to {iteration // 100 * 100}" if iteration >= 100 else "")
+
+
+def ddp_find_unused(ctx: Context) -> Finding | None:
+    """find_unused_parameters=True on a model that, by DDP's own record on every rank,
+    uses all its parameters. No estimated saving: one run does not separate the search's
+    cost (its per-parameter operators are small and the profiler inflates them), so the
+    finding states the work DDP does and what DDP recorded."""
+    world = int(ctx.a.run.get("world_size") or len(ctx.a.ranks) or 0)
+    found = []
+    for d in _find_unused_modules(ctx):
+        acr = d.get("across_ranks") or {}
+        ranks = int(acr.get("ranks") or 0)
+        it = acr.get("iteration_min")
+        if (ranks < max(1, world) or acr.get("find_unused_parameters") != ranks
+                or acr.get("unused_parameter_size_reported") != ranks or acr.get("unused_parameter_size_max") != 0
+                or not isinstance(it, int) or it < 1):
+            continue  # a rank that did not record it, or any unused parameter: the flag may be needed
+        found.append((d, ranks, it))
+    if not found:
+        return None
+    evidence = []
+    for d, ranks, it in found:
+        log = d.get("logging") or {}
+        n = log.get("num_parameter_tensors")
+        name = log.get("module_name") or "the model"
+        tensors = f"each of its {n} parameter tensors" if isinstance(n, int) else "each parameter tensor"
+        evidence.append(
+            f"DistributedDataParallel({name}, find_unused_parameters=True), no static graph: every step DDP walks the "
+            f"autograd graph from the forward's outputs, marks {tensors} used during backward, all-reduces that map "
+            "(one more all_reduce per step) and reads it back per parameter")
+        evidence.append(f"DDP recorded no unused parameter (unused_parameter_size 0) on all {ranks} rank"
+                        f"{'s' if ranks != 1 else ''} at the iterations it samples: {_sampled(it)}")
+    name = framework_name(ctx.fw)
+    if name in FIND_UNUSED_ON:
+        evidence.append(FIND_UNUSED_ON[name])
+    off_kw = {"find_unused_parameters": False}
+    lightning_note = '  # or strategy="ddp" instead of "ddp_find_unused_parameters_true"'
+    trainer, fabric = _ddp_strategy(ctx.fw, "trainer", off_kw), _ddp_strategy(ctx.fw, "fabric", off_kw)
+    acc = _accelerate_ddp(off_kw)
+    forms = {
+        "transformers": _hf(ddp_find_unused_parameters=False),
+        "lightning": Form(trainer.code + lightning_note, trainer.settings),
+        "lightning_fabric": Form(fabric.code + lightning_note, fabric.settings),
+        "accelerate": Form(acc.code + "  # False is the default: drop find_unused_parameters=True", acc.settings),
+    }
+    forms = {k: Form(f.code + "\n" + FIND_UNUSED_CAVEAT.format(static=STATIC_GRAPH[k]), f.settings)
+             for k, f in forms.items()}
+    return Finding(
+        lever="ddp_find_unused",
+        severity="low",
+        title="DDP searches for unused parameters every step and found none: set find_unused_parameters=False",
+        evidence=evidence,
+        ranks=[r.rank for r in ctx.a.ranks],
+        est_saving_pct=None,
+        action=in_framework(ctx, {
+            "code": "model = DistributedDataParallel(model, find_unused_parameters=False)  # the default\n"
+                    + FIND_UNUSED_CAVEAT.format(static=STATIC_GRAPH["torch"]),
+            "doc": DOCS["ddp"],
+            "text": "The search runs after every forward and its bookkeeping in every backward; with every "
+                    "parameter used, it always finds nothing. Its cost is not estimated from one run: compare "
+                    "the step time after the change (pardiag diff).",
+        }, forms, [_set(TORCH_DDP, **off_kw)]),
     )
 
 
@@ -453,8 +922,10 @@ def host_overhead(ctx: Context) -> Finding | None:
         lever="host_overhead", severity=_sev(idle, 0.20, 0.40),
         title="the GPU waits for the CPU to launch many small kernels",
         evidence=ev, ranks=[r.rank for r in ctx.ranks], est_saving_pct=_pct(idle * 0.5),
-        action={"code": "model = torch.compile(model)  # fuses small kernels; or capture with CUDA graphs",
-                "doc": DOCS["compile"], "assumption": "half of the idle time removed by fewer, larger kernels"},
+        action=in_framework(ctx, {"code": "model = torch.compile(model)  # fuses small kernels; or capture with CUDA graphs",
+                                  "doc": DOCS["compile"],
+                                  "assumption": "half of the idle time removed by fewer, larger kernels"},
+                            {"transformers": _hf(torch_compile=True)}),
     )
 
 
@@ -463,6 +934,7 @@ RULES: tuple[tuple[str, Rule], ...] = (
     ("dataloader", dataloader),
     ("gradient_accumulation", gradient_accumulation),
     ("ddp_bucket_size", ddp_bucket_size),
+    ("ddp_find_unused", ddp_find_unused),
     ("comm_overlap", comm_overlap),
     ("mixed_precision", mixed_precision),
     ("sharding", sharding),

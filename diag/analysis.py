@@ -31,6 +31,7 @@ LEVERS = (
     "sync_points",
     "gpu_health",
     "batch_size",
+    "ddp_find_unused",  # extension (DESIGN.md): DDP searched for unused parameters and found none
 )
 BREAKDOWN_KEYS = ("compute", "comm_exposed", "comm_overlapped", "memcpy", "dataloader", "idle")
 PHASE_KEYS = ("dataloader", "forward", "backward", "optimizer", "other")
