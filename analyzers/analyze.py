@@ -19,6 +19,7 @@ from pardiag.analyzers.groups import process_groups
 from pardiag.analyzers.rank_trace import RankTrace, analyze_rank_trace
 from pardiag.analyzers.steps import step_stats
 from pardiag.analyzers.stragglers import RankEvidence, find_stragglers
+from pardiag.analyzers.trace import trace_head
 from pardiag.errors import UserError
 
 TRACE_NAME = re.compile(r".*\.json(\.gz)?$")
@@ -123,41 +124,6 @@ def _plain_traces(files: list[Path], notices: list[Notice]) -> list[RankInput]:
         notices.append(Notice("warning", f"{f.name}: no rank in the trace or its name; taken as rank {r} by order"))
         out[r] = RankInput(r, f, True, head)
     return [out[r] for r in sorted(out)]
-
-
-HEAD_KEYS = ("distributedInfo", "deviceProperties", "host_name")
-
-
-def trace_head(path: Path) -> dict[str, Any]:
-    """The metadata Kineto writes before the event list (`distributedInfo`,
-    `deviceProperties`, `host_name`), from the first 256 kB of the file; {} for what
-    is not there or not readable (the full parse still reads the trace)."""
-    import json
-    import zlib
-
-    from pardiag.analyzers.trace import _RANK_HEAD_BYTES, _open
-
-    try:
-        with _open(path) as f:
-            text = f.read(_RANK_HEAD_BYTES).decode("utf-8", "replace")
-    except (OSError, EOFError, zlib.error):
-        return {}
-    end = text.find('"traceEvents"')
-    end = end if end >= 0 else len(text)
-    out: dict[str, Any] = {}
-    for key in HEAD_KEYS:
-        i = text.find(f'"{key}"', 0, end)
-        colon = text.find(":", i + len(key) + 2) if i >= 0 else -1
-        if colon < 0:
-            continue
-        start = colon + 1
-        while start < len(text) and text[start].isspace():
-            start += 1
-        try:
-            out[key], _ = json.JSONDecoder().raw_decode(text, start)
-        except ValueError:
-            continue
-    return out
 
 
 # -- the analysis ---------------------------------------------------------------------------
