@@ -804,13 +804,13 @@ def _find_unused_modules(ctx: Context) -> list[dict[str, Any]]:
 
 def _reducer_item_reads(ctx: Context) -> int:
     """Operators per step with which DDP's reducer reads its map of used parameters under
-    find_unused_parameters: one `.item()` per parameter tensor, traced as aten::item and
-    aten::_local_scalar_dense. The map is in CPU memory, so they never wait for the GPU."""
+    find_unused_parameters: one `.item()` per parameter tensor (counted once, as its
+    aten::_local_scalar_dense). The map is in CPU memory, so they never wait for the GPU."""
     n = 0
     for d in _find_unused_modules(ctx):
         t = (d.get("logging") or {}).get("num_parameter_tensors")
         if isinstance(t, int) and not isinstance(t, bool):
-            n += 2 * t
+            n += t
     return n
 
 

@@ -230,7 +230,9 @@ GEMM_DTYPES = (  # first match wins
     ("fp32", re.compile(r"sgemm|f32|fp32|float", re.I)),
 )
 SYNC_CALLS = re.compile(r"^cuda(DeviceSynchronize|StreamSynchronize|EventSynchronize|Memcpy|MemcpyDtoH|Memset)(_v\d+)?$")
-ITEM_OPS = re.compile(r"^aten::(_local_scalar_dense|item|nonzero)$")
+# Operators that read a tensor's value on the host. `.item()` always reaches
+# aten::_local_scalar_dense (nested inside aten::item), so aten::item is not counted again.
+ITEM_OPS = re.compile(r"^aten::(_local_scalar_dense|nonzero)$")
 CPU_GEMM = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|_convolution|mkldnn_convolution|convolution_backward|conv\dd)$")
 
 
@@ -261,22 +263,45 @@ def op_stats(trace: Trace, window: tuple[float, float]) -> dict[str, Any]:
         out["compute_kernels"] = int(comp.sum())
         out["compute_kernel_us"] = float(g.dur_us[comp].sum())
         out["compute_kernel_p50_us"] = float(np.median(g.dur_us[comp])) if comp.any() else None
+    c = trace.cpu
+    item_ids = [i for i, n in enumerate(trace.names) if ITEM_OPS.match(n)]
+    items = np.zeros(len(c), dtype=bool)
+    if item_ids and len(c):
+        items = (c.ts_us >= lo) & (c.ts_us < hi) & np.isin(c.name_id, item_ids)
+        out["item_calls"] = int(items.sum())
     L = trace.launches
     if len(L):
         inside = (L.ts_us >= lo) & (L.ts_us < hi)
         sync_ids = [i for i, n in enumerate(trace.names) if SYNC_CALLS.match(n)]
+        syncs = inside & np.isin(L.name_id, sync_ids)
+        # a runtime sync made by an item read (its copy back and wait) is that read,
+        # already counted in item_calls
+        out["sync_calls"] = int(syncs.sum()) - _inside_ops(L.tid[syncs], L.ts_us[syncs], c.tid[items],
+                                                           c.ts_us[items], c.ts_us[items] + c.dur_us[items])
         out["launches"] = int(inside.sum())
-        out["sync_calls"] = int((inside & np.isin(L.name_id, sync_ids)).sum())
-    c = trace.cpu
     if not len(g) and len(c):
         gemm_ids = [i for i, n in enumerate(trace.names) if CPU_GEMM.match(n)]
         sel = np.isin(c.name_id, gemm_ids)
         out["cpu_gemm_us"] = _union_in(c.ts_us[sel], c.ts_us[sel] + c.dur_us[sel], lo, hi)
-    item_ids = [i for i, n in enumerate(trace.names) if ITEM_OPS.match(n)]
-    if item_ids and len(c):
-        inside = (c.ts_us >= lo) & (c.ts_us < hi)
-        out["item_calls"] = int((inside & np.isin(c.name_id, item_ids)).sum())
     return out
+
+
+def _inside_ops(tid: npt.NDArray[np.int64], ts: npt.NDArray[np.float64], op_tid: npt.NDArray[np.int64],
+                op_start: npt.NDArray[np.float64], op_end: npt.NDArray[np.float64]) -> int:
+    """How many of the calls (thread, time) fall inside one of the operators on their
+    thread (operators of one kind on one thread do not overlap)."""
+    n = 0
+    for t in np.unique(tid):
+        mine = op_tid == t
+        if not mine.any():
+            continue
+        order = np.argsort(op_start[mine])
+        starts, ends = op_start[mine][order], op_end[mine][order]
+        at = ts[tid == t]
+        k = np.searchsorted(starts, at, side="right") - 1
+        ok = k >= 0
+        n += int((at[ok] <= ends[k[ok]]).sum())
+    return n
 
 
 def _union_in(starts: npt.NDArray[np.float64], ends: npt.NDArray[np.float64], lo: float, hi: float) -> float:

@@ -108,3 +108,23 @@ def test_unknown_kernels_are_reported(tmp_path: Path) -> None:
     assert r.breakdown_us["compute"] == 300.0 and r.breakdown_us["idle"] == 700.0
     (n,) = r.notices
     assert n.startswith("1 GPU events (40 us) match no known kernel class") and "Stream Sync" in n
+
+
+def test_item_reads_are_counted_once_on_a_real_gpu_trace() -> None:
+    """sampled_rank-0: three `.item()` calls, each an aten::item with an
+    aten::_local_scalar_dense inside it and a cudaMemcpyAsync inside that (counted here
+    with json, independently of the loader): three host reads, not six."""
+    import gzip
+    import json
+
+    from conftest import FIXTURES
+    from pardiag.analyzers.rank_trace import op_stats
+    from pardiag.analyzers.trace import load_trace
+
+    path = FIXTURES / "gpu-traces" / "sampled-128rank-job" / "sampled_rank-0.json.gz"
+    events = json.load(gzip.open(path))["traceEvents"]
+    names = [e.get("name") for e in events]
+    assert names.count("aten::item") == 3 and names.count("aten::_local_scalar_dense") == 3
+    ops = op_stats(load_trace(path), (float("-inf"), float("inf")))
+    assert ops["item_calls"] == 3
+    assert ops["sync_calls"] == 0  # cudaMemcpyAsync is not a sync call by itself
