@@ -579,8 +579,10 @@ def _ddp_across_ranks(metas: dict[int, dict[str, Any]], i: int) -> dict[str, Any
         find_unused += bool(mods[i].get("find_unused_parameters"))
         log = mods[i].get("logging") or {}
         v, it = log.get("unused_parameter_size"), log.get("iteration")
-        if isinstance(v, int) and not isinstance(v, bool):
-            sizes.append(v)
+        seen_max = mods[i].get("unused_parameter_size_max")  # largest at any write of meta.json
+        vs = [x for x in (v, seen_max) if isinstance(x, int) and not isinstance(x, bool)]
+        if vs:
+            sizes.append(max(vs))
         if isinstance(it, int) and not isinstance(it, bool):
             iterations.append(it)
     return {

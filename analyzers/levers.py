@@ -280,12 +280,18 @@ SGD_LIKE = ("SGD",)
 ADAM_LIKE = ("Adam", "AdamW", "NAdam", "RAdam", "Adamax", "FusedAdam", "DeepSpeedCPUAdam")
 
 
+def loader_batch(loader: dict[str, Any]) -> Any:
+    """Samples per batch of a recorded DataLoader: its batch_size, or its batch sampler's
+    when it was built with batch_sampler= (the HF Trainer and Accelerate do)."""
+    return loader.get("batch_size") or loader.get("batch_sampler_batch_size")
+
+
 def batch_change(ctx: Context, factor: int) -> dict[str, Any]:
     """The global batch per optimizer step before and after a change that multiplies it
     by `factor`, and what to do about the learning rate (`note`; `comment`: the same in
     one line for the code)."""
     loaders = ctx.fw.get("dataloaders") or []
-    per_rank = loaders[0].get("batch_size") if loaders and isinstance(loaders[0], dict) else None
+    per_rank = loader_batch(loaders[0]) if loaders and isinstance(loaders[0], dict) else None
     world = int(ctx.a.run.get("world_size") or len(ctx.a.ranks) or 1)
     acc = (ctx.fw.get("grad_accumulation") or {}).get("backwards_per_step") or 1
     before = int(per_rank * world * acc) if isinstance(per_rank, int) and per_rank > 0 else None
@@ -751,7 +757,7 @@ def batch_size(ctx: Context) -> Finding | None:
     if peak > 0.5 * total or busy >= 0.5:
         return None
     loaders = ctx.fw.get("dataloaders") or []
-    bs = (loaders[0].get("batch_size") if loaders else None) or "B"
+    bs = (loader_batch(loaders[0]) if loaders and isinstance(loaders[0], dict) else None) or "B"
     new = bs * 2 if isinstance(bs, int) else Expr("...")
     forms = {"transformers": _hf(per_device_train_batch_size=new)}
     forms.update({name: _loader_form(where, {"batch_size": new}) for name, where in LOADER_PLACE.items()})

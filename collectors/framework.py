@@ -209,6 +209,8 @@ class Framework:
             "num_workers": getattr(loader, "num_workers", None),
             "pin_memory": getattr(loader, "pin_memory", None),
             "batch_size": getattr(loader, "batch_size", None),
+            # a loader built with batch_sampler= (HF Trainer, Accelerate) has batch_size None
+            "batch_sampler_batch_size": getattr(getattr(loader, "batch_sampler", None), "batch_size", None),
             "persistent_workers": getattr(loader, "persistent_workers", None),
             "prefetch_factor": getattr(loader, "prefetch_factor", None),
             "drop_last": getattr(loader, "drop_last", None),
@@ -368,7 +370,14 @@ class Framework:
         for i, ref in enumerate(self.ddp):
             m = ref()
             if m is not None:
-                self._ddp_seen[i] = self._describe_ddp(m)
+                d = self._describe_ddp(m)
+                # DDP refreshes unused_parameter_size only at the iterations it samples:
+                # keep the largest seen at any write of meta.json
+                prev = (self._ddp_seen.get(i) or {}).get("unused_parameter_size_max")
+                cur = d["logging"].get("unused_parameter_size")
+                sizes = [v for v in (prev, cur) if isinstance(v, int) and not isinstance(v, bool)]
+                d["unused_parameter_size_max"] = max(sizes) if sizes else None
+                self._ddp_seen[i] = d
         return [self._ddp_seen[i] for i in sorted(self._ddp_seen)]
 
     def _describe_ddp(self, m: Any) -> dict[str, Any]:
@@ -447,6 +456,8 @@ class Framework:
                     "class": type(opt).__name__,
                     "param_groups": len(groups),
                     "lr": groups[0].get("lr") if groups else None,
+                    # set by LR schedulers: the configured rate, where "lr" is mid-schedule
+                    "initial_lr": groups[0].get("initial_lr") if groups else None,
                     "state_bytes": state_bytes,
                     "foreach": groups[0].get("foreach") if groups else None,
                     "fused": groups[0].get("fused") if groups else None,

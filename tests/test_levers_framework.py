@@ -463,3 +463,11 @@ def test_no_bucket_advice_that_would_not_split_the_bucket() -> None:
     assert "ddp_bucket_size" not in small
     # 3 MB: cap max(1, 0.75) = 1 MB splits it in three
     assert "bucket_cap_mb=1" in comm_bound(facts(None, ddp=[ddp(total=3 * MB)]))["ddp_bucket_size"].action["code"]
+
+
+def test_global_batch_from_a_loader_built_with_a_batch_sampler() -> None:
+    # the HF Trainer's loader: batch_size None, its batch sampler takes 16; 16 x 2 ranks = 32 -> 128
+    loader = {"num_workers": 0, "pin_memory": False, "persistent_workers": False, "batch_size": None,
+              "batch_sampler_batch_size": 16}
+    b = comm_bound(facts("transformers", dataloaders=[loader]))["gradient_accumulation"].action["batch"]
+    assert (b["global_batch_before"], b["global_batch_after"]) == (32, 128)

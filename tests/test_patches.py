@@ -98,6 +98,16 @@ def test_keyword_calls_and_subclasses_pass_through(fw) -> None:
     assert fw.errors == []
 
 
+def test_a_loader_built_with_a_batch_sampler_records_its_batch(fw) -> None:
+    from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
+
+    sampler = BatchSampler(SequentialSampler(range(10)), batch_size=4, drop_last=False)
+    assert [b.tolist() for b in DataLoader(list(range(10)), batch_sampler=sampler)] == [
+        [0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    info = next(iter(fw.loaders.values()))
+    assert info["batch_size"] is None and info["batch_sampler_batch_size"] == 4
+
+
 def test_reentrant_dataloader_counts_the_outer_wait_once(fw) -> None:
     from torch.utils.data import DataLoader, Dataset
 
