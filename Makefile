@@ -10,6 +10,9 @@ TORCH_PIN ?= torch==2.13.0
 # the analysis against HTA (the hta extra) and the collectors under Lightning, transformers and
 # Accelerate (the frameworks extra).
 EXTRAS ?= test,hta,frameworks
+# DeepSpeed is published as source that imports torch to build: built against the torch
+# above (no build isolation, which would fetch another torch). Its test skips without it.
+DEEPSPEED ?= deepspeed>=0.14
 
 .PHONY: venv demo test bench clean
 
@@ -20,6 +23,8 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_PIN)"
 	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]' "$(TORCH_PIN)"
+	$(BIN)/python -m pip install -q --no-build-isolation "$(DEEPSPEED)" "$(TORCH_PIN)" \
+		|| echo "DeepSpeed could not be installed: its test will skip"
 	touch $(STAMP)
 
 venv: $(STAMP)

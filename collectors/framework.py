@@ -30,6 +30,7 @@ import os
 import platform
 import sys
 import time
+import types
 import weakref
 from typing import Any, Callable
 
@@ -101,6 +102,7 @@ class Framework:
         self.backwards_per_step: list[int] = []
         self.framework: dict[str, Any] | None = None
         self.patched: list[tuple[Any, str, Any]] = []  # (owner, attribute, original)
+        self.eager_codes: list[Any] = []
         self._failed: set[str] = set()
         self._depth = {"next": 0, "backward": 0}
         self._module_ids: set[int] = set()
@@ -138,10 +140,12 @@ class Framework:
             self.on_error(f"framework.{name}", e)
 
     def _wrap_method(self, name: str, owner: Any, attr: str, before: Callable[[Any, tuple, dict], Any],
-                     after: Callable[[Any, Any], None] | None = None) -> None:
+                     after: Callable[[Any, Any], None] | None = None, eager: bool = False) -> None:
         """Wrap `owner.attr` (a function taking self first). `before(self, args, kwargs)`
         runs first and returns a token for `after(self, token)`, which runs when the
-        original returns or raises. Arguments and the result pass through untouched."""
+        original returns or raises. Arguments and the result pass through untouched.
+
+        `eager`: torch.compile never traces the wrapper itself (see `skip_in_dynamo`)."""
         original = owner.__dict__[attr]
         fw = self
         depth = self._depth
@@ -168,9 +172,27 @@ class Framework:
                     except Exception as e:
                         fw._fail(name, e)
 
+        if eager:  # its own code object, so that skipping it skips no other wrapper
+            wrapper = types.FunctionType(wrapper.__code__.replace(), wrapper.__globals__, wrapper.__name__,
+                                         wrapper.__defaults__, wrapper.__closure__)
+            self.eager_codes.append(wrapper.__code__)
         functools.update_wrapper(wrapper, original)
         setattr(owner, attr, wrapper)
         self.patched.append((owner, attr, original))
+
+    def skip_in_dynamo(self, _dynamo: Any = None) -> None:
+        """torch.compile over a DDP model traces DDP.forward; traced, the wrapper would
+        record nothing (it passes straight through while compiling). Marked as skipped,
+        it runs eagerly and DDP.forward is compiled from its own frame, as torch itself
+        does for DDP's `_inside_ddp_forward` (the same losses, bitwise, tested). Called
+        once torch._dynamo is imported."""
+        try:
+            from torch._dynamo.eval_frame import skip_code
+
+            for code in self.eager_codes:
+                skip_code(code)
+        except Exception as e:
+            self.on_error("framework.dynamo", e)
 
     def _patch_dataloader(self) -> None:
         from torch.utils.data import dataloader as dl
@@ -291,7 +313,7 @@ class Framework:
         def after(_m: Any, t0: int) -> None:
             counters.fwd_ns += time.perf_counter_ns() - t0
 
-        self._wrap_method("ddp", DDP, "forward", before, after)
+        self._wrap_method("ddp", DDP, "forward", before, after, eager=True)
 
     def patch_fsdp(self, fsdp_module: Any) -> None:
         """FSDP1 units the job calls, with their settings; called once

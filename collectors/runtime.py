@@ -124,6 +124,10 @@ class Collector:
 
         self._hooks.append(optim_mod.register_optimizer_step_pre_hook(self._on_opt_pre))
         self._hooks.append(optim_mod.register_optimizer_step_post_hook(self._on_opt_post))
+        if "torch._dynamo" in sys.modules:
+            self.framework.skip_in_dynamo()
+        else:
+            sys.meta_path.insert(0, _PostImportFinder("torch._dynamo", self.framework.skip_in_dynamo))
         if "torch.distributed.fsdp" in sys.modules:
             self.framework.patch_fsdp(sys.modules["torch.distributed.fsdp"])
         else:

@@ -62,9 +62,7 @@ JOBS: dict[str, Job] = {
     # DeepSpeed builds its shared-memory comm op (g++, ninja) on its first run: ~25 s once
     "deepspeed_zero2": Job("deepspeed_zero.py", "deepspeed", "deepspeed", "deepspeed", requires=("deepspeed",),
                            install="pip install deepspeed", env={"DS_ACCELERATOR": "cpu"}, ddp=0),
-    "torch_compile_ddp": Job("torch_compile_ddp.py", "torchrun", "torch", "torch",
-                             gap="DDP under torch.compile: DistributedDataParallel.forward runs inside the "
-                                 "compiled frame, where the collector records nothing, so meta has no DDP"),
+    "torch_compile_ddp": Job("torch_compile_ddp.py", "torchrun", "torch", "torch"),
     "torch_fsdp2": Job("torch_fsdp2.py", "torchrun", "torch", "torch", ddp=0, fsdp2=True),
     "torch_ddp_kwargs": Job("torch_ddp_kwargs.py", "torchrun", "torch", "torch", bucket_cap_mb=1.0),
     "torch_spawn_loader": Job("torch_spawn_loader.py", "torchrun", "torch", "torch", num_workers=2),
