@@ -236,10 +236,22 @@ def main(argv: list[str] | None = None) -> int:
         median = statistics.median(durations[1:] or durations or [0.0]) / 1e3
         print(f"done: {step} steps, final loss {last_loss.item():.4f}, median step {median:.1f} ms",
               flush=True)
-    if distributed:
-        dist.destroy_process_group()
     return 0
 
 
+def shutdown() -> None:
+    """End the process group once the training function returned and nothing holds the
+    model any more. With torch 2.13 on gloo, a group left to the interpreter's exit can
+    abort the process ("terminate called without an active exception") when a gloo
+    thread releases its last work after Python began shutting down."""
+    import gc
+
+    gc.collect()
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    shutdown()
+    sys.exit(code)

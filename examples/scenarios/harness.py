@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -73,7 +74,18 @@ def args(extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argp
     return p.parse_args()
 
 
-def train(
+def train(model: nn.Module, data: Dataset, **kw: Any) -> int:
+    """Train (see `_train`), then end the process group once nothing holds the model:
+    with torch 2.13 on gloo, a group left to the interpreter's exit can abort the process."""
+    code = _train(model, data, **kw)
+    del model, data
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return code
+
+
+def _train(
     model: nn.Module,
     data: Dataset,
     *,
@@ -124,6 +136,4 @@ def train(
             done += 1
             if done >= steps:
                 break
-    if distributed:
-        dist.destroy_process_group()
     return 0

@@ -82,9 +82,16 @@ def main() -> int:
         for s, ts in times.items():
             ts.sort()
             print(f"find_unused={int(s)} median step {ts[len(ts) // 2] * 1e6:.0f} us", flush=True)
-    dist.destroy_process_group()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # gloo (torch 2.13) can abort at exit when its threads outlive the interpreter: end the
+    # group once the model is gone
+    import gc
+
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    sys.exit(code)

@@ -1,6 +1,8 @@
 """FSDP1 on gloo (CPU), every object built with keyword arguments only; prints each
 step's loss exactly (repr) so runs with and without pardiag can be compared bitwise."""
 
+import gc
+
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
@@ -19,4 +21,8 @@ for step in range(6):
     opt.zero_grad(set_to_none=True)
     if dist.get_rank() == 0:
         print(f"loss {step} {loss.item()!r}", flush=True)
+# gloo (torch 2.13) can abort at exit when its threads outlive the interpreter: end the
+# group once nothing holds it
+del fsdp, model, opt, loss
+gc.collect()
 dist.destroy_process_group()

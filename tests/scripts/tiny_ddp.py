@@ -67,11 +67,17 @@ def main() -> int:
         step += 1
         if step >= args.steps:
             break
-    if distributed:
-        dist.destroy_process_group()
     print(f"rank {rank} done after {step} steps", flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # gloo (torch 2.13) can abort at exit when its threads outlive the interpreter: end the
+    # group once the model is gone
+    import gc
+
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    sys.exit(code)
