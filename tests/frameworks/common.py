@@ -73,6 +73,21 @@ class Record:
         self._write({"optimizer_steps": optimizer_steps, **extra})
 
 
+def train_regression(model: Any, opt: Any, loader: Any, rank: int, world: int, **done: Any) -> None:
+    """The plain torch jobs' loop: MSE on every batch, one optimizer step per batch, each
+    loss recorded, then the step count the loop took."""
+    record = Record(rank)
+    steps = 0
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        steps += 1
+        record.loss(loss)
+    record.done(steps, world_size=world, version=torch.__version__, **done)
+
+
 def shutdown() -> None:
     """End the job's process group while Python is still fully alive; call it after the
     training function returned (its models, optimizers and trainers are gone).

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from common import RandomRegression, Record, mlp, shutdown
+from common import mlp, RandomRegression, shutdown, train_regression
 
 
 def main() -> None:
@@ -25,16 +25,7 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     data = RandomRegression(8 * world * args.steps)
     loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data, shuffle=False))
-    record = Record(rank)
-    steps = 0
-    for x, y in loader:
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        steps += 1
-        record.loss(loss)
-    record.done(steps, world_size=world, compile_backend=args.backend, version=torch.__version__)
+    train_regression(model, opt, loader, rank, world, compile_backend=args.backend)
 
 
 if __name__ == "__main__":

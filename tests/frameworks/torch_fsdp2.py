@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 from torch.utils.data import DataLoader, DistributedSampler
 
-from common import RandomRegression, Record, shutdown
+from common import RandomRegression, shutdown, train_regression
 
 
 def main() -> None:
@@ -27,16 +27,7 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     data = RandomRegression(8 * world * args.steps, dim=64, out=64)
     loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data, shuffle=False))
-    record = Record(rank)
-    steps = 0
-    for x, y in loader:
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        steps += 1
-        record.loss(loss)
-    record.done(steps, world_size=world, version=torch.__version__)
+    train_regression(model, opt, loader, rank, world)
 
 
 if __name__ == "__main__":

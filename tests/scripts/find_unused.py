@@ -86,12 +86,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # gloo (torch 2.13) can abort at exit when its threads outlive the interpreter: end the
-    # group once the model is gone
-    import gc
+    from gloo_exit import shutdown
 
-    gc.collect()
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    code = main()
+    shutdown()
     sys.exit(code)
