@@ -61,7 +61,7 @@ JOBS: dict[str, Job] = {
                             requires=("accelerate",)),
     # DeepSpeed builds its shared-memory comm op (g++, ninja) on its first run: ~25 s once
     "deepspeed_zero2": Job("deepspeed_zero.py", "deepspeed", "deepspeed", "deepspeed", requires=("deepspeed",),
-                           install="pip install deepspeed", env={"DS_ACCELERATOR": "cpu"}, ddp=0),
+                           install="pip install --no-build-isolation deepspeed", env={"DS_ACCELERATOR": "cpu"}, ddp=0),
     "torch_compile_ddp": Job("torch_compile_ddp.py", "torchrun", "torch", "torch"),
     "torch_fsdp2": Job("torch_fsdp2.py", "torchrun", "torch", "torch", ddp=0, fsdp2=True),
     "torch_ddp_kwargs": Job("torch_ddp_kwargs.py", "torchrun", "torch", "torch", bucket_cap_mb=1.0),
