@@ -2,7 +2,7 @@
 
 Samples come from ``ranks/<rank>/telemetry.jsonl`` (GPUs matched to ranks after the
 job) and ``telemetry/<host>.jsonl`` (GPUs no rank was matched to); the format is
-described in :mod:`pardiag.collectors.nvml`. A GPU shared by several ranks is counted
+described in :mod:`pardiag.rundir`. A GPU shared by several ranks is counted
 once. Units in the block: ratios 0..1, bytes, MHz, W, °C, GB/s (10^9 bytes/s), µs.
 NVML's PCIe figures are KB/s, taken as 1,000 bytes; its NVLink counters are KiB.
 
@@ -39,8 +39,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from pardiag import rundir
-from pardiag.collectors.nvml import host_telemetry_files, normalise_uuid, read_telemetry
-from pardiag.rundir import RunDir, RunDirError
+from pardiag.rundir import RunDir, RunDirError, normalise_uuid, read_telemetry
 
 Finding = dict[str, Any]
 
@@ -154,7 +153,7 @@ def _load(run: RunDir) -> _Loaded:
         path = run.telemetry(r)
         if path.is_file():
             _add_file(loaded, path, _meta_host(run, r), r, run)
-    for path in host_telemetry_files(run):
+    for path in run.host_telemetry_files():
         _add_file(loaded, path, path.stem, None, run)
     for g in loaded.gpus.values():
         g.samples.sort(key=lambda s: s["t_ns"])

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from pardiag.collectors import nvml  # noqa: E402
+from pardiag.collectors.nvml_metrics import METRICS, error_text  # noqa: E402
 from pardiag.rundir import RunDir  # noqa: E402
 
 
@@ -69,7 +70,7 @@ def per_query(pynvml: Any, repeats: int = 20) -> list[tuple[str, float | None, s
     pynvml.nvmlInit()
     try:
         h = pynvml.nvmlDeviceGetHandleByIndex(0)
-        for m in nvml.METRICS:
+        for m in METRICS:
             times = []
             try:
                 for _ in range(repeats):
@@ -78,7 +79,7 @@ def per_query(pynvml: Any, repeats: int = 20) -> list[tuple[str, float | None, s
                     times.append((time.perf_counter_ns() - t0) / 1e3)
                 out.append((m.name, statistics.median(times), ""))
             except Exception as e:
-                out.append((m.name, None, nvml.error_text(e)))
+                out.append((m.name, None, error_text(e)))
     finally:
         pynvml.nvmlShutdown()
     return out

@@ -14,12 +14,28 @@ Layout (format version 1)::
       ranks/<rank>/steps.jsonl      one line per training step, every step
       ranks/<rank>/meta.json        what the rank used (DDP, FSDP, AMP, DataLoader, ...)
       ranks/<rank>/summary.json     the trace reduced on its node: breakdown, phases, collectives
-      ranks/<rank>/telemetry.jsonl  NVML samples
+      ranks/<rank>/telemetry.jsonl  NVML samples of the GPU(s) the rank used
+      telemetry/<host>.jsonl        NVML samples of a host while the job runs; after the job
+                                    only the GPUs no rank used are left here
       nccl/<host>.<pid>.log         NCCL_DEBUG output
       flight/                       PyTorch flight-recorder dumps
-      logs/                         launcher stdout/stderr copies
+      logs/                         launcher stdout/stderr copies, bootstrap errors
       analysis.json                 cached Analysis
       report.html
+
+Telemetry files (``telemetry/<host>.jsonl``, ``ranks/<rank>/telemetry.jsonl``) hold one
+JSON object a line, values in NVML's own units::
+
+    header  {"format": "pardiag.telemetry", "format_version": 1, "host", "t_ns",
+             "interval_s", "driver", "gpus": [{"gpu", "uuid", "name"}]}
+    sample  {"t_ns", "gpu", "uuid", "util_gpu_pct", "util_mem_pct", "mem_used_bytes",
+             "mem_total_bytes", "sm_clock_mhz", "sm_clock_max_mhz", "power_mw",
+             "power_limit_mw", "temp_c", "clock_events",    # reasons bitmask
+             "pcie_tx_kBps", "pcie_rx_kBps",                # about once a second
+             "nvlink_tx_kib", "nvlink_rx_kib"}              # cumulative, once a second
+
+A metric that could not be read is absent from the line. A file may hold several
+headers (a rank file that received lines from more than one sampling).
 """
 
 from __future__ import annotations
@@ -38,6 +54,8 @@ META_FORMAT = "pardiag.rank-meta"
 META_VERSION = 1
 LAUNCHER_FORMAT = "pardiag.launcher"
 LAUNCHER_VERSION = 1
+TELEMETRY_FORMAT = "pardiag.telemetry"
+TELEMETRY_VERSION = 1
 
 
 class RunDirError(Exception):
@@ -71,6 +89,10 @@ class RunDir:
     @property
     def flight_dir(self) -> Path:
         return self.root / "flight"
+
+    @property
+    def telemetry_dir(self) -> Path:
+        return self.root / "telemetry"
 
     @property
     def bootstrap_errors_dir(self) -> Path:
@@ -122,6 +144,18 @@ class RunDir:
 
     def telemetry(self, rank: int) -> Path:
         return self.rank_dir(rank) / "telemetry.jsonl"
+
+    def host_telemetry(self, host: str) -> Path:
+        """Where the sampler of `host` writes, before the lines are split by rank."""
+        return self.telemetry_dir / f"{_safe_name(host)}.jsonl"
+
+    def host_telemetry_lock(self, host: str) -> Path:
+        """Held by the sampler of `host` while it writes, and by the split after it."""
+        return self.telemetry_dir / f".{_safe_name(host)}.lock"
+
+    def host_telemetry_files(self) -> list[Path]:
+        d = self.telemetry_dir
+        return sorted(d.glob("*.jsonl")) if d.is_dir() else []
 
     def flight_prefix(self) -> Path:
         """Prefix PyTorch appends the rank to when it dumps its flight recorder."""
@@ -208,6 +242,44 @@ class StepsWriter:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"))  # json.dumps builds a new one per call
+
+
+def encode_line(record: dict[str, Any]) -> str:
+    """One JSON line of a .jsonl file (compact, newline included)."""
+    return _ENCODER.encode(record) + "\n"
+
+
+def lock_exclusive(path: Path) -> int | None:
+    """Take an exclusive lock on `path` (created if missing) without waiting: the file
+    descriptor, to give to `unlock`, or None when another process holds the lock."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def unlock(fd: int | None) -> None:
+    if fd is not None:
+        try:
+            os.close(fd)  # closing releases the flock
+        except OSError:
+            pass
+
+
+def telemetry_header(host: str, t_ns: int, interval_s: float, driver: str | None,
+                     gpus: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first line of a telemetry file; `gpus`: [{"gpu", "uuid", "name"}]."""
+    return {"format": TELEMETRY_FORMAT, "format_version": TELEMETRY_VERSION, "host": host, "t_ns": t_ns,
+            "interval_s": interval_s, "driver": driver, "gpus": gpus}
 
 
 def compress_file(path: Path, level: int = 6) -> Path:
@@ -298,6 +370,66 @@ def iter_steps(path: Path) -> Iterator[dict[str, Any]]:
 
 def read_steps(run: RunDir, rank: int) -> list[dict[str, Any]]:
     return list(iter_steps(run.steps(rank)))
+
+
+@dataclass(frozen=True)
+class TelemetryFile:
+    headers: list[dict[str, Any]]
+    samples: list[dict[str, Any]]
+    dropped: int  # lines that were neither (a torn last line after a crash)
+
+
+def parse_telemetry_line(line: str, path: Path) -> dict[str, Any] | None:
+    """A header or a sample; None for a line that is neither. Raises RunDirError for a
+    header of a newer format version."""
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(rec, dict):
+        return None
+    if "format" in rec:
+        if rec.get("format") != TELEMETRY_FORMAT or not isinstance(rec.get("format_version"), int):
+            return None
+        if rec["format_version"] > TELEMETRY_VERSION:
+            raise RunDirError(f"{path}: telemetry format version {rec['format_version']} is newer than this "
+                              f"pardiag understands ({TELEMETRY_VERSION}); upgrade pardiag")
+        return rec
+    return rec if isinstance(rec.get("gpu"), int) and isinstance(rec.get("t_ns"), int) else None
+
+
+def is_telemetry_header(rec: dict[str, Any]) -> bool:
+    return "format" in rec
+
+
+def read_telemetry(path: Path) -> TelemetryFile:
+    """Headers and samples of one telemetry file; unreadable lines are counted, not fatal.
+    Raises RunDirError for a newer format version."""
+    headers: list[dict[str, Any]] = []
+    samples: list[dict[str, Any]] = []
+    dropped = 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            rec = parse_telemetry_line(line, path)
+            if rec is None:
+                dropped += 1
+            elif is_telemetry_header(rec):
+                headers.append(rec)
+            else:
+                samples.append(rec)
+    return TelemetryFile(headers, samples, dropped)
+
+
+def normalise_uuid(v: Any) -> str | None:
+    """A GPU's UUID as telemetry ('GPU-8f3c…') and meta.json (torch's bare '8f3c…')
+    record it, in one form that compares equal."""
+    if v is None:
+        return None
+    s = str(v).strip().lower()
+    s = s[4:] if s.startswith("gpu-") else s
+    return s or None
 
 
 def is_run_dir(path: Path) -> bool:

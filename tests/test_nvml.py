@@ -29,6 +29,9 @@ from pardiag.analyzers.telemetry import (
     telemetry_block,
 )
 from pardiag.collectors import nvml
+from pardiag.collectors.nvml_metrics import METRICS, NVML_CALLS
+from pardiag.collectors.nvml_sampler import MAX_CONSECUTIVE_FAILURES
+from pardiag.collectors.telemetry_split import gpu_of_rank, split_by_rank
 from pardiag.rundir import RunDir
 
 GIB = 1024**3
@@ -232,14 +235,14 @@ def by_gpu(block: dict[str, Any]) -> dict[int, dict[str, Any]]:
 
 def test_fake_and_sampler_use_only_real_pynvml_functions() -> None:
     fake = make_fake([healthy()])
-    for name in nvml.NVML_CALLS:
+    for name in NVML_CALLS:
         real = getattr(pynvml, name, None)
         assert real is not None, f"pynvml has no {name}"
         r, f = inspect.signature(real).parameters, inspect.signature(getattr(fake, name)).parameters
         assert list(r) == list(f), name
         assert [p.default for p in r.values()] == [p.default for p in f.values()], name
     # cheap queries only: nothing that lists processes (reference/perf.md §3.1)
-    assert not [n for n in nvml.NVML_CALLS if "Process" in n]
+    assert not [n for n in NVML_CALLS if "Process" in n]
 
 
 def test_clock_event_names_match_pynvml() -> None:
@@ -269,9 +272,9 @@ def test_sampler_thread_split_block_and_findings(tmp_path: Path) -> None:
     assert 5 <= st["samples"] <= 12
     assert st["gpus"] == 2 and st["errors"] == 0 and st["disabled"] == []
     assert st["cost_us_per_sample"] > 0 and st["cpu_us_per_sample"] > 0
-    assert set(fake.calls) <= set(nvml.NVML_CALLS) and fake.state["init"] == 0
+    assert set(fake.calls) <= set(NVML_CALLS) and fake.state["init"] == 0
 
-    recs = lines(nvml.host_telemetry_path(run, host))
+    recs = lines(run.host_telemetry(host))
     header, samples = recs[0], recs[1:]
     assert header["format"] == "pardiag.telemetry" and header["host"] == host
     assert [g["uuid"] for g in header["gpus"]] == [UUID0, UUID1]
@@ -290,7 +293,7 @@ def test_sampler_thread_split_block_and_findings(tmp_path: Path) -> None:
     assert pcie == [(0, 0), (1, 1)]
     assert fake.calls["nvmlDeviceGetPcieThroughput"] == 4
 
-    split = nvml.split_by_rank(run, host)
+    split = split_by_rank(run, host)
     assert split["status"] == "ok", split
     assert [(a["rank"], a["gpu"], a["by"]) for a in split["assignments"]] == [(0, 0, "uuid"), (1, 1, "uuid")]
     assert split["unassigned_gpus"] == [] and split["lines"] == {"ranks": len(samples), "host": 0}
@@ -298,7 +301,7 @@ def test_sampler_thread_split_block_and_findings(tmp_path: Path) -> None:
         recs = lines(run.telemetry(rank))
         assert [g["gpu"] for g in recs[0]["gpus"]] == [rank]
         assert len(recs) == 1 + st["samples"] and {r["gpu"] for r in recs[1:]} == {rank}
-    assert len(lines(nvml.host_telemetry_path(run, host))) == 1  # the header stays
+    assert len(lines(run.host_telemetry(host))) == 1  # the header stays
 
     block = telemetry_block(run)
     assert block["status"] == "ok" and block["ranks"] == {
@@ -356,7 +359,7 @@ def test_lines_reach_the_file_about_once_a_second(tmp_path: Path) -> None:
     run = RunDir(tmp_path)
     started = nvml.start_sampler(run, 0.05, nvml=make_fake([healthy()]))
     assert started.sampler is not None
-    path = nvml.host_telemetry_path(run, rundir.hostname())
+    path = run.host_telemetry(rundir.hostname())
     try:
         time.sleep(0.3)
         assert len(lines(path)) == 1  # only the header: samples are buffered
@@ -396,7 +399,7 @@ def test_block_and_findings_by_hand(tmp_path: Path) -> None:
     assert st["samples"] == 8 and st["status"] == "ok"
     assert st["disabled"] == [{"gpu": 1, "metric": "nvlink", "reason": "Not Supported"}]
 
-    split = nvml.split_by_rank(run, "node-a")
+    split = split_by_rank(run, "node-a")
     assert [(a["rank"], a["gpu"], a["by"]) for a in split["assignments"]] == [
         (0, 0, "cuda_visible_devices"), (1, 1, "uuid")]
 
@@ -453,7 +456,7 @@ def test_not_supported_disables_one_metric_only(tmp_path: Path) -> None:
     assert st["status"] == "ok" and st["errors"] == 0
     assert st["disabled"] == [{"gpu": 1, "metric": "power", "reason": "Not Supported"}]
     assert fake.calls["nvmlDeviceGetPowerUsage"] == 6 + 1  # GPU 1 asked once, never again
-    samples = lines(nvml.host_telemetry_path(run, "node-a"))[1:]
+    samples = lines(run.host_telemetry("node-a"))[1:]
     s0 = [s for s in samples if s["gpu"] == 0]
     s1 = [s for s in samples if s["gpu"] == 1]
     assert all("power_mw" in s for s in s0) and not any("power_mw" in s for s in s1)
@@ -469,15 +472,15 @@ def test_repeated_failures_disable_a_metric_and_never_raise(tmp_path: Path) -> N
     fake = make_fake([FakeGpu(UUID0, failing=frozenset({"nvmlDeviceGetTemperature"}))])
     st = drive(run, fake, ticks=5)
     assert st["status"] == "ok" and st["samples"] == 5
-    assert st["errors"] == nvml.MAX_CONSECUTIVE_FAILURES
+    assert st["errors"] == MAX_CONSECUTIVE_FAILURES
     assert st["disabled"][0]["metric"] == "temperature" and "3 times in a row" in st["disabled"][0]["reason"]
     assert fake.calls["nvmlDeviceGetTemperature"] == 3
-    samples = lines(nvml.host_telemetry_path(run, "node-a"))[1:]
+    samples = lines(run.host_telemetry("node-a"))[1:]
     assert len(samples) == 5 and all("temp_c" not in s and s["util_gpu_pct"] == 90 for s in samples)
 
 
 def test_a_gpu_that_answers_nothing(tmp_path: Path) -> None:
-    every = frozenset(c for m in nvml.METRICS for c in m.calls)
+    every = frozenset(c for m in METRICS for c in m.calls)
     started = nvml.start_sampler(RunDir(tmp_path), 0.05, nvml=make_fake([FakeGpu(UUID0, unsupported=every)]))
     assert started.sampler is not None
     thread = started.sampler._thread
@@ -486,7 +489,7 @@ def test_a_gpu_that_answers_nothing(tmp_path: Path) -> None:
     assert not thread.is_alive()  # nothing left to read: the thread ended by itself
     st = started.sampler.stop()
     assert st["status"] == "failed" and st["reason"] == "no metric could be read on any GPU"
-    assert len(st["disabled"]) == len(nvml.METRICS) and st["lines"] == 0
+    assert len(st["disabled"]) == len(METRICS) and st["lines"] == 0
 
 
 def test_unusable_nvml_is_skipped_with_a_reason(tmp_path: Path) -> None:
@@ -497,7 +500,7 @@ def test_unusable_nvml_is_skipped_with_a_reason(tmp_path: Path) -> None:
     assert "Driver Not Loaded" in status["reason"]
     sampler, status = nvml.start_sampler(run, 0.1, nvml=make_fake([]))
     assert sampler is None and status == {"status": "skipped", "reason": "NVML reports no GPU"}
-    assert not nvml.host_telemetry_files(run)
+    assert not run.host_telemetry_files()
 
 
 def test_real_nvml_on_this_machine() -> None:
@@ -513,7 +516,7 @@ def test_one_sampler_per_host(tmp_path: Path) -> None:
     try:
         second = nvml.start_sampler(run, 0.05, nvml=make_fake([healthy()]))
         assert second.sampler is None and "already samples" in second.status["reason"]
-        assert nvml.split_by_rank(run, rundir.hostname())["status"] == "skipped"  # still writing
+        assert split_by_rank(run, rundir.hostname())["status"] == "skipped"  # still writing
     finally:
         assert first.sampler is not None
         first.sampler.stop()
@@ -536,7 +539,7 @@ def test_one_sampler_per_host(tmp_path: Path) -> None:
 ])
 def test_gpu_of_rank(device: dict[str, Any], expected: tuple[int, str] | None) -> None:
     meta = {"host": "h", "rank": 0, "local_rank": 0, "device": device}
-    assert nvml.gpu_of_rank(meta, {0: UUID0, 1: UUID1}) == expected
+    assert gpu_of_rank(meta, {0: UUID0, 1: UUID1}) == expected
 
 
 def test_unmatched_gpus_stay_in_the_host_file(tmp_path: Path) -> None:
@@ -544,12 +547,12 @@ def test_unmatched_gpus_stay_in_the_host_file(tmp_path: Path) -> None:
     write_meta(run, 3, "node-a", cuda(0, UUID1))
     write_meta(run, 4, "node-b", cuda(0, UUID0))  # another host: not this split's business
     drive(run, make_fake([healthy(), throttled_and_slow()]), ticks=6)
-    split = nvml.split_by_rank(run, "node-a")
+    split = split_by_rank(run, "node-a")
     assert [(a["rank"], a["gpu"]) for a in split["assignments"]] == [(3, 1)]
     assert split["unassigned_gpus"] == [0]
-    host_recs = lines(nvml.host_telemetry_path(run, "node-a"))
+    host_recs = lines(run.host_telemetry("node-a"))
     assert {r["gpu"] for r in host_recs[1:]} == {0} and len(host_recs) == 7
-    assert nvml.split_by_rank(run, "node-a")["lines"] == {"ranks": 0, "host": 6}  # idempotent
+    assert split_by_rank(run, "node-a")["lines"] == {"ranks": 0, "host": 6}  # idempotent
     assert len(lines(run.telemetry(3))) == 7
 
     block = telemetry_block(run)
@@ -567,7 +570,7 @@ def test_torn_lines_and_missing_telemetry(tmp_path: Path) -> None:
     assert gpu_health_findings(empty, [0]) == []
 
     drive(run, make_fake([healthy()]), ticks=6)
-    path = nvml.host_telemetry_path(run, "node-a")
+    path = run.host_telemetry("node-a")
     with open(path, "a") as f:
         f.write('{"t_ns": 99, "gpu": 0, "util_gp')  # a crash mid-line
     block = telemetry_block(run)
@@ -577,7 +580,7 @@ def test_torn_lines_and_missing_telemetry(tmp_path: Path) -> None:
 
 def test_newer_telemetry_format_is_refused_politely(tmp_path: Path) -> None:
     run = RunDir(tmp_path)
-    path = nvml.host_telemetry_path(run, "node-a")
+    path = run.host_telemetry("node-a")
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"format": "pardiag.telemetry", "format_version": 99}) + "\n")
     block = telemetry_block(run)
