@@ -202,6 +202,7 @@ def analyze_path(
     nccl, extra_findings = _nccl(run, nccl_logs, world, notices)
     telemetry = _telemetry(run, stragglers, extra_findings, notices) if run is not None else {}
     from pardiag.analyzers.levers import advise
+    from pardiag.analyzers.summary import build_summary
 
     return advise(Analysis(
         hang=hang,
@@ -215,6 +216,7 @@ def analyze_path(
         process_groups=process_groups(traces, matched.collectives, world,
                                       fsdp=any((m or {}).get("fsdp") for m in metas.values())),
         notices=notices,
+        summary=build_summary(ranks, step_records if run is not None else None),
     ), extra=extra_findings)
 
 
@@ -344,6 +346,7 @@ def _rank_result(
         p90=st.p90_us,
         steps_total=st.last_step + 1 if st.last_step is not None else 0,
         disturbed=st.disturbed,
+        profiled_p50=st.profiled_p50_us,
     )
     t = s.result if s else None
     meta = meta or {}
@@ -372,7 +375,7 @@ def _rank_result(
 
 def _host_phases(records: list[dict[str, Any]]) -> dict[str, float]:
     """Median host time per step over all undisturbed steps (steps.jsonl)."""
-    from pardiag.analyzers.steps import DISTURBED_US, percentile
+    from pardiag.analyzers.steps import DISTURBED_US, median
 
     cols: dict[str, list[float]] = {"step": [], "dataloader": [], "forward": [], "backward": [], "optimizer": []}
     for r in records:
@@ -383,7 +386,7 @@ def _host_phases(records: list[dict[str, Any]]) -> dict[str, float]:
             v = r.get(field_)
             if isinstance(v, (int, float)):
                 cols[key].append(float(v))
-    return {k: percentile(sorted(v), 0.5) for k, v in cols.items() if v}
+    return {k: m for k, v in cols.items() if (m := median(v)) is not None}
 
 
 def _self_checks(

@@ -15,7 +15,8 @@ rank, the profiled step time `window_us / steps_profiled`; the test then has lit
 power, and the result says so.
 
 The statistics:
-- medians and p90 (linear interpolation, numpy's default);
+- medians and p90 (linear interpolation: `steps.percentile`, pardiag's one percentile
+  function; the bootstrap's resampled medians use numpy's, the same definition vectorised);
 - the relative change of the median, head / base - 1, with a percentile bootstrap
   confidence interval (each run resampled with replacement, fixed seed);
 - a two-sided Mann-Whitney U test. Ties get mid-ranks. With at most EXACT_MAX_N values
@@ -43,7 +44,9 @@ from typing import Any, Literal, Mapping, Sequence
 import numpy as np
 
 from pardiag.analysis import BREAKDOWN_KEYS, PHASE_KEYS, Analysis, Finding
-from pardiag.analyzers.steps import DISTURBED_US, WARMUP_STEPS
+from pardiag.analyzers.steps import JobSteps, job_step_times_us, median, percentile
+
+__all__ = ["JobSteps", "job_step_times_us"]  # the job's step time lives in steps.py; kept importable here
 
 SCHEMA = "pardiag.diff"
 SCHEMA_VERSION = 1
@@ -153,38 +156,6 @@ def lag1_autocorrelation(xs: Sequence[float]) -> float | None:
 # -- samples ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class JobSteps:
-    values_us: list[float]  # per-step job time, in step order
-    steps: list[int]
-    left_out: int  # step numbers seen but not counted (warm-up, profiler window, disturbed, missing on a rank)
-
-
-def _undisturbed(rec: Mapping[str, Any]) -> float | None:
-    dur = rec.get("dur_us")
-    if not isinstance(dur, (int, float)) or rec["step"] < WARMUP_STEPS or rec.get("profiler") is not None:
-        return None
-    if float(rec.get("pardiag_us") or 0.0) >= DISTURBED_US:
-        return None
-    return float(dur)
-
-
-def job_step_times_us(steps_by_rank: Mapping[int, Sequence[Mapping[str, Any]]]) -> JobSteps:
-    """Per step number, the longest `dur_us` over the ranks; a step counts only when it is
-    undisturbed on every rank that wrote steps."""
-    per_rank = {r: {rec["step"]: rec for rec in recs} for r, recs in steps_by_rank.items() if recs}
-    if not per_rank:
-        return JobSteps([], [], 0)
-    seen = sorted(set().union(*per_rank.values()))
-    values, kept = [], []
-    for step in seen:
-        durs = [_undisturbed(recs[step]) if step in recs else None for recs in per_rank.values()]
-        if all(d is not None for d in durs):
-            values.append(max(d for d in durs if d is not None))
-            kept.append(step)
-    return JobSteps(values, kept, len(seen) - len(kept))
-
-
 def profiled_step_times_us(a: Analysis) -> list[float]:
     """One value per rank: its mean step time inside the profiled window."""
     return [r.window_us / r.steps_profiled for r in a.ranks if r.steps_profiled and r.window_us > 0]
@@ -288,7 +259,7 @@ class RunInput:
 
 
 def _pct(xs: Sequence[float], q: float) -> float | None:
-    return float(np.percentile(np.asarray(xs, dtype=float), q)) if len(xs) else None
+    return percentile(xs, q / 100)
 
 
 def compare_step_times(base: Sequence[float], head: Sequence[float], source: Source,
@@ -324,16 +295,16 @@ def verdict(s: StepTimeDiff, fail_over_pct: float, alpha: float = ALPHA) -> Verd
 
 
 def _steps_profiled(a: Analysis) -> float:
-    xs = sorted(r.steps_profiled for r in a.ranks if r.steps_profiled)
-    return float(xs[len(xs) // 2]) if xs else 0.0
+    return median(float(r.steps_profiled) for r in a.ranks if r.steps_profiled) or 0.0
 
 
 def _category(a: Analysis, key: str) -> tuple[float | None, float | None]:
-    """(share of the profiled window over all ranks, us per profiled step, mean over ranks)."""
+    """(share of the profiled window pooled over the job, the summary's `breakdown_ratio`;
+    us per profiled step, mean over ranks)."""
     ranks = [r for r in a.ranks if r.window_us > 0 and r.steps_profiled]
     if not ranks:
         return None, None
-    share = sum(r.breakdown_us.get(key, 0.0) for r in ranks) / sum(r.window_us for r in ranks)
+    share = a.job_summary.breakdown_ratio.get(key)
     return share, sum(r.breakdown_us.get(key, 0.0) / r.steps_profiled for r in ranks) / len(ranks)
 
 

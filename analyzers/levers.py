@@ -4,7 +4,9 @@ One small rule per lever of DESIGN.md, in a table. A rule reads the Analysis (ra
 collectives, stragglers, the framework facts each rank recorded) and returns a finding
 or nothing. `est_saving_pct` is the share of the median step time the change would
 remove, computed from this run's own figures under the assumption stated in the
-finding; a lever the job already uses, or a healthy run, gets no finding.
+finding; a lever the job already uses, or a healthy run, gets no finding. The
+job-level figures (the median step, exposed communication with and without waiting,
+the breakdown's shares) are the Analysis' `summary`, the ones every report shows.
 
 Thresholds and where they come from (see ../shared/reference/anchors.md):
 - dataloader: input wait >= 5% of the step (TensorBoard plugin rule 1; XProf: moderate
@@ -43,6 +45,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from pardiag.analysis import Analysis, Finding, RankResult
+from pardiag.analyzers.steps import median
 
 DOCS = {
     "dataloader": "https://pytorch.org/docs/stable/data.html#multi-process-data-loading",
@@ -67,33 +70,35 @@ PRECISION_SPEEDUP = {"fp32": 4.0, "tf32": 1.5, "unknown": 1.5}
 class Context:
     a: Analysis
     fw: dict[str, Any]
-    step_us: float  # median step time over ranks (all steps)
+
+    @property
+    def step_us(self) -> float:
+        """The job's median step (`summary.step_p50_us`), 0 when unknown."""
+        return self.a.job_summary.step_p50_us or 0.0
 
     @property
     def ranks(self) -> list[RankResult]:
         return [r for r in self.a.ranks if r.window_us > 0]
 
     def share(self, key: str) -> float:
-        """Mean over ranks of a breakdown category's share of the profiled window."""
-        rs = self.ranks
-        if not rs:
-            return 0.0
-        return sum(r.breakdown_us.get(key, 0.0) / r.window_us for r in rs) / len(rs)
+        """A breakdown category's share of the profiled window, pooled over the job
+        (`summary.breakdown_ratio`)."""
+        return self.a.job_summary.breakdown_ratio.get(key, 0.0)
 
     def exposed_transfer(self) -> float:
         """Exposed communication without the time ranks waited for each other inside it
-        (that is imbalance, not the cost of moving data), as a share of the window: a
-        rank's exposed time is scaled by the share of its collective time that was
-        transfer, transfer / (transfer + wait)."""
-        rs = self.ranks
-        if not rs:
-            return 0.0
-        total = 0.0
-        for r in rs:
-            coll = r.transfer_us + r.wait_us
-            frac = r.transfer_us / coll if coll > 0 else 1.0
-            total += r.breakdown_us.get("comm_exposed", 0.0) * frac / r.window_us
-        return total / len(rs)
+        (that is imbalance, not the cost of moving data), pooled over the job
+        (`summary.comm_exposed_transfer_ratio`)."""
+        return self.a.job_summary.comm_exposed_transfer_ratio or 0.0
+
+    def exposed(self) -> float:
+        """Exposed communication, waiting included (`summary.comm_exposed_ratio`)."""
+        return self.a.job_summary.comm_exposed_ratio or 0.0
+
+    def exposed_words(self) -> str:
+        """The two exposed-communication figures, labelled as every report labels them."""
+        return (f"exposed communication {self.exposed_transfer():.1%} of the profiled time with waiting for other "
+                f"ranks left out ({self.exposed():.1%} with it; pooled over ranks)")
 
     @property
     def gpu(self) -> bool:
@@ -463,8 +468,7 @@ def gradient_accumulation(ctx: Context) -> Finding | None:
         severity=_sev(exposed, 0.10, 0.20),
         title=f"communication not hidden by compute takes {exposed:.0%} of the step; accumulate {k} micro-batches "
               f"per sync{grows}",
-        evidence=[f"exposed communication {exposed:.1%} of the profiled time (mean over ranks, "
-                  "waiting for other ranks left out)",
+        evidence=[ctx.exposed_words(),
                   "one backward pass per optimizer step (no gradient accumulation)"],
         ranks=[r.rank for r in ctx.ranks],
         est_saving_pct=_pct(saving),
@@ -493,7 +497,7 @@ def ddp_bucket_size(ctx: Context) -> Finding | None:
     cap = d.get("bucket_cap_mb") or 25.0
     ar = [c for c in ctx.a.collectives if c.op == "all_reduce" and c.calls]
     mean_bytes = sum(c.bytes for c in ar) / sum(c.calls for c in ar) if ar and any(c.bytes for c in ar) else None
-    evidence = [f"exposed communication {exposed:.1%} of the profiled time",
+    evidence = [ctx.exposed_words(),
                 f"bucket_cap_mb={cap:g}: {len(sizes)} bucket(s) of {', '.join(f'{b / 2**20:.1f}' for b in sizes)} MB"]
     if len(sizes) == 1 and total > 2**20:  # at most 1 MB: a 1 MB cap would not split it
         new_cap = max(1.0, round(total / 4 / 2**20, 1))
@@ -572,7 +576,7 @@ def comm_overlap(ctx: Context) -> Finding | None:
         lever="comm_overlap",
         severity=_sev(exposed, 0.10, 0.20),
         title=f"{exposed:.0%} of the step is communication that nothing overlaps",
-        evidence=[f"exposed communication {exposed:.1%}, overlapped {hidden:.1%} of the profiled time"],
+        evidence=[ctx.exposed_words(), f"communication hidden under compute {hidden:.1%} of the profiled time"],
         ranks=[r.rank for r in ctx.ranks],
         est_saving_pct=_pct(min(exposed, ctx.share("compute")) * 0.5),
         action={"code": code, "doc": doc, "assumption": "half of the exposed communication hidden under compute"},
@@ -678,7 +682,7 @@ def sharding(ctx: Context) -> Finding | None:
             lever="sharding", severity="medium",
             title="the whole model state fits one device: DDP would avoid FSDP's all-gathers",
             evidence=ev + [f"unsharded model state {state * n / gb:.2f} GB is under 25% of the device",
-                           f"exposed communication {ctx.exposed_transfer():.0%}"],
+                           ctx.exposed_words()],
             ranks=[], est_saving_pct=None,
             action=in_framework(ctx, {"code": "model = DistributedDataParallel(model)  # instead of fully_shard(model)",
                                       "doc": DOCS["ddp"]}, {
@@ -917,7 +921,7 @@ def host_overhead(ctx: Context) -> Finding | None:
         return None
     idle = ctx.share("idle")
     p50s = [r.ops.get("compute_kernel_p50_us") for r in ctx.ranks if r.ops.get("compute_kernel_p50_us")]
-    p50 = sorted(p50s)[len(p50s) // 2] if p50s else None
+    p50 = median(p50s)
     if idle < 0.20 or p50 is None or p50 >= 20:
         return None
     ev = [f"GPU idle {idle:.0%} of the profiled time", f"median compute kernel {p50:.0f} us"]
@@ -950,18 +954,10 @@ RULES: tuple[tuple[str, Rule], ...] = (
 )
 
 
-def median_step_us(a: Analysis) -> float:
-    xs = sorted(r.step_time_us.p50 for r in a.ranks if r.step_time_us.p50)
-    if xs:
-        return xs[len(xs) // 2]
-    ws = sorted(r.window_us / r.steps_profiled for r in a.ranks if r.steps_profiled)
-    return ws[len(ws) // 2] if ws else 0.0
-
-
 def advise(a: Analysis, extra: Sequence[Finding] = ()) -> Analysis:
     """The Analysis with the findings of every rule (plus `extra`, e.g. from NCCL logs)
     and the what-if projection."""
-    ctx = Context(a=a, fw=a.run.get("framework") or {}, step_us=median_step_us(a))
+    ctx = Context(a=a, fw=a.run.get("framework") or {})
     findings = list(a.findings) + list(extra)
     for _name, rule in RULES:
         try:

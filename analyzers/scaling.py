@@ -1,7 +1,8 @@
 """Scaling across runs of the same job at different world sizes.
 
 Throughput (samples per second = global batch / median step time) is compared with
-the smallest run: efficiency = (X_N / X_0) / (N / N_0). That covers both modes:
+the smallest run; the median step and the exposed communication of each run are its
+Analysis' `summary` (`step_p50_us`, `comm_exposed_ratio`), the figures its reports show: efficiency = (X_N / X_0) / (N / N_0). That covers both modes:
 - strong scaling (the global batch stays the same): the step should shrink as 1/N;
 - weak scaling (the per-rank batch stays the same): the step should stay the same.
 Which one the runs are is said from their batch sizes.
@@ -17,7 +18,6 @@ from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 from pardiag.analysis import Analysis
-from pardiag.analyzers.levers import median_step_us
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class ScalingPoint:
     global_batch: int | None
     throughput: float | None  # samples/s, or steps/s x ranks when the batch is unknown
     efficiency: float | None
-    comm_exposed_share: float
+    comm_exposed_share: float  # the run's summary.comm_exposed_ratio (waiting included, pooled)
     speedup: float | None
 
 
@@ -53,11 +53,6 @@ def _batch(a: Analysis) -> tuple[int | None, int]:
     return (int(b) if isinstance(b, int) else None), int(round(accum))
 
 
-def _exposed(a: Analysis) -> float:
-    rs = [r for r in a.ranks if r.window_us > 0]
-    return sum(r.breakdown_us.get("comm_exposed", 0.0) / r.window_us for r in rs) / len(rs) if rs else 0.0
-
-
 def fit_serial_fraction(ratios: Sequence[float], speedups: Sequence[float]) -> float | None:
     xs, ys = [], []
     for r, s in zip(ratios, speedups):
@@ -79,9 +74,9 @@ def scaling(runs: Sequence[tuple[str, Analysis]]) -> ScalingResult:
     rows = []
     for label, a in runs:
         n = int(a.run.get("world_size") or len(a.ranks) or 1)
-        step = median_step_us(a)
+        step = a.job_summary.step_p50_us or 0.0
         b, accum = _batch(a)
-        rows.append((label, n, step, b, b * accum * n if b else None, _exposed(a)))
+        rows.append((label, n, step, b, b * accum * n if b else None, a.job_summary.comm_exposed_ratio or 0.0))
     rows.sort(key=lambda r: r[1])
     if len({r[1] for r in rows}) < 2:
         notes.append("all runs have the same world size: nothing to compare")

@@ -1,8 +1,12 @@
 """The Analysis: everything renderers show, as frozen dataclasses and as JSON
-(`schema: pardiag.analysis`, `schema_version: 1`, see DESIGN.md).
+(`schema: pardiag.analysis`, `schema_version: 2`, see DESIGN.md).
 
 Times are microseconds (`_us`), sizes bytes, ratios 0..1. Nothing is rounded here.
-New fields are added, never renamed: others read this JSON.
+New fields are added, never renamed: others read this JSON. An older version is
+upgraded on load by `upgrade_v1`, never by defaults scattered through the readers.
+
+Schema history: 1, the first; 2 adds `summary` (the job-level figures every output
+shows, computed once) and `ranks[].step_time_us.profiled_p50`.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any, Literal, Mapping
 from pardiag.errors import UserError
 
 SCHEMA = "pardiag.analysis"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 Severity = Literal["high", "medium", "low"]
 LEVERS = (
@@ -46,6 +50,7 @@ class StepTime:
     p90: float | None = None
     steps_total: int = 0
     disturbed: int = 0
+    profiled_p50: float | None = None  # median of the steps inside the profiler's active window (steps.jsonl)
 
 
 @dataclass(frozen=True)
@@ -135,6 +140,63 @@ class Notice:
     message: str
 
 
+# What each summary figure includes; stored with the figures so that a reader of
+# analysis.json need not guess, and shown by the reports next to the numbers.
+SUMMARY_DEFINITIONS = {
+    "step_p50_us": "median over ranks of each rank's p50 step time over all undisturbed steps (steps.jsonl); "
+                   "with an even number of ranks the mean of the two middle values. Without steps.jsonl: the same "
+                   "median of the ranks' profiled window per step (step_p50_source says which)",
+    "comm_exposed_ratio": "exposed communication (not hidden under compute), waiting for other ranks included, "
+                          "pooled over the job: the sum over ranks of exposed time / the sum of their profiled windows",
+    "comm_exposed_transfer_ratio": "exposed communication with the waiting for other ranks left out, pooled: each "
+                                   "rank's exposed time scaled by its collectives' transfer / (transfer + wait), "
+                                   "summed over ranks / the sum of their profiled windows",
+    "breakdown_ratio": "each breakdown category pooled over the job: sum over ranks / sum of profiled windows",
+    "step_percentiles_us": "percentiles (linear interpolation) of the job's step time: per undisturbed step seen "
+                           "by every rank, the slowest rank's duration (source 'steps'); without steps.jsonl one "
+                           "value per rank, its profiled window per step (source 'profiled')",
+    "profiled_step_inflation": "profiled step / unprofiled step: per rank, the median step inside the profiler "
+                               "window (else the profiled window per step) / its p50 step; for the job, the median "
+                               "over ranks of the profiled step / step_p50_us",
+}
+
+
+@dataclass(frozen=True)
+class StepPercentiles:
+    """The job's step time distribution; see SUMMARY_DEFINITIONS["step_percentiles_us"]."""
+
+    p50: float | None
+    p90: float | None
+    p99: float | None
+    max: float | None
+    n: int
+    source: Literal["steps", "profiled", "none"]
+
+
+@dataclass(frozen=True)
+class Inflation:
+    """How much longer a profiled step is than an unprofiled one (1.0: no slowdown)."""
+
+    job: float | None
+    by_rank: dict[str, float] = field(default_factory=dict)  # rank (as a JSON key) -> ratio
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The job-level figures every output shows, computed once (analyzers/summary.py);
+    what each includes is in `definitions`."""
+
+    step_p50_us: float | None
+    step_p50_source: Literal["all steps", "profiled window", "none"]
+    comm_exposed_ratio: float | None
+    comm_exposed_transfer_ratio: float | None
+    breakdown_ratio: dict[str, float]
+    step_percentiles_us: StepPercentiles
+    profiled_step_inflation: Inflation
+    computed_from: Literal["steps", "ranks"]  # "ranks": without step records (schema 1 upgraded, or built by hand)
+    definitions: dict[str, str] = field(default_factory=lambda: dict(SUMMARY_DEFINITIONS))
+
+
 @dataclass(frozen=True)
 class Analysis:
     run: dict[str, Any]
@@ -150,6 +212,21 @@ class Analysis:
     hta: dict[str, Any] | None = None
     what_if: dict[str, Any] | None = None  # projected step time if the findings were applied
     hang: dict[str, Any] | None = None  # who timed out in which collective, who never arrived
+    summary: Summary | None = None  # None only while constructing: filled in from the ranks
+
+    def __post_init__(self) -> None:
+        # An Analysis built without a summary (by hand, or a schema-1 file) gets the one
+        # computed from its ranks, so that every reader finds the same figures.
+        if self.summary is None:
+            from pardiag.analyzers.summary import summary_from_ranks
+
+            object.__setattr__(self, "summary", summary_from_ranks(self.ranks))
+
+    @property
+    def job_summary(self) -> Summary:
+        """The summary, typed as present (it always is after construction)."""
+        assert self.summary is not None
+        return self.summary
 
     def to_dict(self) -> dict[str, Any]:
         d = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION}
@@ -173,19 +250,43 @@ def _build(cls: type, d: Mapping[str, Any]) -> Any:
     return cls(**{k: v for k, v in d.items() if k in known})
 
 
+def _summary(d: Mapping[str, Any]) -> Summary:
+    s = dict(d)
+    s["step_percentiles_us"] = _build(StepPercentiles, s["step_percentiles_us"])
+    s["profiled_step_inflation"] = _build(Inflation, s["profiled_step_inflation"])
+    s["definitions"] = dict(SUMMARY_DEFINITIONS)  # this pardiag's words for the same figures
+    return _build(Summary, s)
+
+
+def upgrade_v1(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """Schema 1 to 2, the document part: `summary` did not exist. It is left out here, so
+    that the Analysis computes it from the ranks (`computed_from: "ranks"`: the job's step
+    percentiles then come from the profiled windows, as schema 1 kept no per-step
+    records). `from_dict` then has the advisor recompute its findings and what-if from
+    that summary (`analyzers.summary.readvise`): schema 1 advised on other figures."""
+    out = dict(doc)
+    out.pop("summary", None)
+    out["schema_version"] = 2
+    return out
+
+
 def from_dict(doc: Mapping[str, Any], source: str = "analysis") -> Analysis:
     if doc.get("schema") != SCHEMA:
         raise UserError(f"{source}: not a pardiag analysis")
     v = doc.get("schema_version")
     if not isinstance(v, int) or v > SCHEMA_VERSION:
         raise UserError(f"{source}: analysis schema version {v} is newer than this pardiag ({SCHEMA_VERSION}); upgrade pardiag")
+    if v < 2:
+        doc = upgrade_v1(doc)
+    elif not isinstance(doc.get("summary"), Mapping):
+        raise UserError(f"{source}: schema version {v} analysis without its summary block")
     ranks = []
     for r in doc.get("ranks", []):
         r = dict(r)
         r["step_time_us"] = _build(StepTime, r.get("step_time_us") or {"p50": None, "mean": None, "max": None, "n": 0})
         r["gpu"] = _build(GpuTime, r["gpu"]) if r.get("gpu") else None
         ranks.append(_build(RankResult, r))
-    return Analysis(
+    a = Analysis(
         run=dict(doc.get("run") or {}),
         ranks=ranks,
         collectives=[_build(Collective, c) for c in doc.get("collectives", [])],
@@ -199,7 +300,13 @@ def from_dict(doc: Mapping[str, Any], source: str = "analysis") -> Analysis:
         hta=doc.get("hta"),
         what_if=doc.get("what_if"),
         hang=doc.get("hang"),
+        summary=_summary(doc["summary"]) if "summary" in doc else None,  # None: computed from the ranks
     )
+    if v < 2:
+        from pardiag.analyzers.summary import readvise
+
+        a = readvise(a)
+    return a
 
 
 def load(path: Path) -> Analysis:

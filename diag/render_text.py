@@ -1,4 +1,5 @@
-"""Terminal summary of an Analysis (rich). Reads only the Analysis."""
+"""Terminal summary of an Analysis (rich). Reads only the Analysis; the job-level
+figures are its `summary`, worded as in every report (`report_md.headline`)."""
 
 from __future__ import annotations
 
@@ -107,6 +108,17 @@ def print_findings(a: Analysis, console: Console, limit: int = 8) -> None:
                 console.print(Text(f"    {line}", style="cyan"))
 
 
+def print_headline(a: Analysis, console: Console) -> None:
+    from pardiag.report_md import exposed_words, headline, job_step_words, step_words
+
+    h = headline(a)
+    console.print(Text(f"median step time: {step_words(h)}", style="bold"))
+    if (job := job_step_words(h)) is not None:
+        console.print(Text(f"job step: {job}"))
+    if h.comm_exposed_share is not None:
+        console.print(Text(f"exposed communication: {exposed_words(h)}"))
+
+
 def print_summary(a: Analysis, console: Console | None = None, next_for: str | None = None) -> None:
     console = console or Console(highlight=False)
     run = a.run
@@ -116,6 +128,7 @@ def print_summary(a: Analysis, console: Console | None = None, next_for: str | N
     )
     console.print(Text(head))
     if a.ranks:
+        print_headline(a, console)
         console.print(rank_table(a))
     if a.stragglers:
         for s in a.stragglers:

@@ -30,6 +30,7 @@ from pardiag.report_md import (
     action_env_text,
     clip,
     headline,
+    job_step_words,
     ms,
     ordered_findings,
     pct,
@@ -393,7 +394,7 @@ def _context(a: Analysis) -> dict[str, Any]:
         ("scaling", "Scaling", a.scaling or {}), ("hta", "HTA cross-check", a.hta or {}),
         ("what-if", "What if", getattr(a, "what_if", None) or {})) if d]
     return {
-        "a": a, "h": h, "ms": ms, "pct": pct, "command": _command(a), "run_facts": _run_facts(a),
+        "a": a, "h": h, "job_steps": job_step_words(h), "ms": ms, "pct": pct, "command": _command(a), "run_facts": _run_facts(a),
         "setup": " · ".join(x for x in (f"{h.hosts} host{'' if h.hosts == 1 else 's'}" if h.hosts else "",
                                          str(a.run.get("backend") or ""), str(a.run.get("device_type") or "")) if x),
         "colours": style, "many": many,

@@ -1,19 +1,21 @@
 """A pull-request-comment-sized markdown summary of an Analysis.
 
-Also home of the few numbers every report headlines (median step time, the slowest
-ranks, percentiles across ranks); the HTML report imports them from here so that both
-reports agree. Reads only the Analysis; imports nothing heavy.
+Also home of the words every report headlines with: the job-level figures (median
+step, exposed communication, the job's step percentiles) are read from the Analysis'
+`summary`, computed once by the analysis; the HTML report, the terminal summary and
+the TUI take them through `headline` so that all of them agree. Reads only the
+Analysis; imports nothing heavy.
 """
 
 from __future__ import annotations
 
-import math
 import re
 import shlex
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from pardiag.analysis import Analysis, Finding, RankResult, Straggler
+from pardiag.analysis import Analysis, Finding, RankResult, StepPercentiles, Straggler
+from pardiag.analyzers.steps import percentile
 from pardiag.manifest import rank_ranges
 from pardiag.style import CATEGORY_LABELS
 
@@ -48,13 +50,8 @@ def share(r: RankResult, key: str) -> float | None:
 
 
 def quantile(values: Sequence[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    xs = sorted(values)
-    if not xs:
-        return None
-    pos = q * (len(xs) - 1)
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    """Percentiles across ranks: pardiag's one percentile function (`steps.percentile`)."""
+    return percentile(values, q)
 
 
 def worst_ranks(a: Analysis, n: int = WORST_N) -> list[RankResult]:
@@ -71,37 +68,70 @@ def ordered_findings(a: Analysis) -> list[Finding]:
     return sorted(a.findings, key=rank_key)
 
 
+STEP_SOURCE_WORDS = {"all steps": "all steps", "profiled window": "profiled window", "none": "no step times"}
+STEP_PERCENTILE_WORDS = {"steps": "the slowest rank of each undisturbed step",
+                         "profiled": "one value per rank, its profiled window per step"}
+
+
 @dataclass(frozen=True)
 class Headline:
-    step_us: float | None
+    step_us: float | None  # summary.step_p50_us
     step_source: str  # "all steps" or "profiled window"
     ranks: int
     world_size: int | None
     hosts: int
-    comm_exposed_share: float | None
+    comm_exposed_share: float | None  # summary.comm_exposed_ratio: waiting included
+    comm_exposed_transfer_share: float | None  # summary.comm_exposed_transfer_ratio: waiting left out
+    job_steps: StepPercentiles
+    inflation: float | None  # summary.profiled_step_inflation.job
     straggler: Straggler | None
     finding: Finding | None
 
 
 def headline(a: Analysis) -> Headline:
-    steps = [s for r in a.ranks if (s := step_us(r)) is not None]
-    from_steps = any(r.step_time_us.p50 is not None for r in a.ranks)
-    window = sum(r.window_us for r in a.ranks)
-    exposed = sum(r.breakdown_us.get("comm_exposed", 0.0) for r in a.ranks)
+    s = a.job_summary
     top = max(a.stragglers, key=lambda s: (s.excess_us_per_step, -s.rank), default=None)
     findings = ordered_findings(a)
     return Headline(
-        step_us=quantile(steps, 0.5),
-        step_source="all steps" if from_steps else "profiled window",
+        step_us=s.step_p50_us,
+        step_source=STEP_SOURCE_WORDS.get(s.step_p50_source, s.step_p50_source),
         ranks=len(a.ranks),
         world_size=a.run.get("world_size"),
         hosts=len(a.run.get("hosts") or sorted({r.host for r in a.ranks if r.host})),
-        comm_exposed_share=exposed / window if window > 0 else None,
+        comm_exposed_share=s.comm_exposed_ratio,
+        comm_exposed_transfer_share=s.comm_exposed_transfer_ratio,
+        job_steps=s.step_percentiles_us,
+        inflation=s.profiled_step_inflation.job,
         straggler=top,
         finding=findings[0] if findings else None,
     )
 
 
+def step_words(h: Headline) -> str:
+    """'105.0 ms (median of the ranks' p50, all steps)'."""
+    return f"{ms(h.step_us)} ms (median of the ranks' p50, {h.step_source})" if h.step_us is not None else "unknown"
+
+
+def exposed_words(h: Headline) -> str:
+    """'15% of the profiled time, waiting for other ranks included (12% without)'."""
+    if h.comm_exposed_share is None:
+        return "unknown"
+    without = (f" ({pct(h.comm_exposed_transfer_share)} without)"
+               if h.comm_exposed_transfer_share is not None else "")
+    return f"{pct(h.comm_exposed_share)} of the profiled time, waiting for other ranks included{without}"
+
+
+def job_step_words(h: Headline) -> str | None:
+    """'p50 110.0 · p90 … · p99 … · max … ms (the slowest rank of each undisturbed step, 40 steps)';
+    None without steps.jsonl (the median step time then already is the profiled one)."""
+    j = h.job_steps
+    if j.source != "steps" or j.p50 is None:
+        return None
+    n = f"{j.n} step{'s' if j.n != 1 else ''}"
+    text = f"p50 {ms(j.p50)} · p90 {ms(j.p90)} · p99 {ms(j.p99)} · max {ms(j.max)} ms ({STEP_PERCENTILE_WORDS[j.source]}, {n})"
+    if h.inflation is not None:
+        text += f"; profiled steps {h.inflation:.2f}x as long"
+    return text
 
 
 def ms(us: float | None, digits: int = 1) -> str:
@@ -149,13 +179,14 @@ def _headline_lines(a: Analysis) -> list[str]:
     lines = ["## pardiag report", ""]
     if not a.ranks:
         return [*lines, "**No rank produced data**: nothing to analyse (see the notices below).", ""]
-    step = f"{ms(h.step_us)} ms" if h.step_us is not None else "unknown"
-    lines.append(f"- **Median step time:** {step} (median of the ranks' p50, {h.step_source})")
+    lines.append(f"- **Median step time:** {step_words(h)}")
+    if (job := job_step_words(h)) is not None:
+        lines.append(f"- **Job step:** {job}")
     world = h.world_size or h.ranks
     hosts = f"{h.hosts} host{'s' if h.hosts != 1 else ''}" if h.hosts else "unknown hosts"
     lines.append(f"- **Ranks:** {h.ranks} analysed of {world}, on {hosts} ({setup})")
     if h.comm_exposed_share is not None:
-        lines.append(f"- **Exposed communication:** {pct(h.comm_exposed_share)} of the profiled time")
+        lines.append(f"- **Exposed communication:** {exposed_words(h)}")
     if h.straggler is not None:
         s = h.straggler
         lines.append(f"- **Straggler:** rank {s.rank}, +{ms(s.excess_us_per_step)} ms per step ({md_text(s.cause)})")

@@ -27,7 +27,7 @@ def test_json_output_is_the_contract(two_ranks: Path) -> None:
     res = run_pardiag("analyze", str(two_ranks), "--json")
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
-    assert doc["schema"] == "pardiag.analysis" and doc["schema_version"] == 1
+    assert doc["schema"] == "pardiag.analysis" and doc["schema_version"] == 2
     r0 = doc["ranks"][0]
     assert set(r0["breakdown_us"]) == {"compute", "comm_exposed", "comm_overlapped", "memcpy", "dataloader", "idle"}
     assert sum(r0["breakdown_us"].values()) == pytest.approx(r0["window_us"])
@@ -37,8 +37,13 @@ def test_json_output_is_the_contract(two_ranks: Path) -> None:
     assert doc["stragglers"] == []
     # input: 100 of 1000 us on both ranks -> 90% of it hidden by workers
     # exposed comm: 150 us on rank 0 whose collective was 100 transfer + 150 wait -> 60 us
-    # of exposed transfer; 100 us on rank 1 (no wait): (6% + 10%) / 2 = 8% of transfer not
-    # hidden, under the 10% bar -> no comm finding
+    # of exposed transfer; 100 us on rank 1 (no wait): pooled over the two 1000 us windows,
+    # (60 + 100) / 2000 = 8% of transfer not hidden, under the 10% bar -> no comm finding
+    s = doc["summary"]
+    assert s["comm_exposed_transfer_ratio"] == pytest.approx(0.08)
+    assert s["comm_exposed_ratio"] == pytest.approx((150 + 100) / 2000)  # waiting included
+    assert s["step_p50_us"] == pytest.approx(1000.0) and s["step_p50_source"] == "profiled window"
+    assert s["step_percentiles_us"]["source"] == "profiled" and s["step_percentiles_us"]["n"] == 2
     (data,) = doc["findings"]
     assert data["lever"] == "dataloader" and data["est_saving_pct"] == pytest.approx(9.0)
     assert "num_workers=2" in data["action"]["code"]

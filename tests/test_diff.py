@@ -302,7 +302,7 @@ def test_planted_slow_rank_is_a_regression_named_in_markdown(runs: dict[str, Pat
     md = run_pardiag("diff", str(base), str(slow), "--format", "md", "--fail-over", "5")
     assert md.returncode == 1
     first = md.stdout.splitlines()[0]
-    assert first.startswith("**pardiag diff: REGRESSION: median step time +")
+    assert first.startswith("**pardiag diff: REGRESSION: median job step +")
     assert "Findings new in HEAD" in md.stdout and "**straggler**" in md.stdout and "rank 1" in md.stdout
     assert "Where the time per step grew" in md.stdout
     # a threshold above the slowdown passes

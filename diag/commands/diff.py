@@ -22,7 +22,7 @@ test over the per-step job time, the slowest rank of each undisturbed step), whe
 the time per step moved (breakdown, phases, collectives) and which findings are new
 or resolved.
 
-The verdict line comes first. Exit status 1 when HEAD's median step time is slower
+The verdict line comes first. Exit status 1 when HEAD's median job step is slower
 than BASE's by more than --fail-over percent and the difference is significant
 (p < 0.01 and the 99% bootstrap interval of the change above zero); 0 otherwise;
 2 when an input cannot be read."""
@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("base", metavar="BASE", help="the reference run (run directory, traces or analysis.json)")
     p.add_argument("head", metavar="HEAD", help="the run to judge")
     p.add_argument("--fail-over", type=float, default=5.0, metavar="PCT",
-                   help="exit 1 when HEAD's median step time is significantly slower by more than PCT percent (default 5)")
+                   help="exit 1 when HEAD's median job step is significantly slower by more than PCT percent (default 5)")
     p.add_argument("--format", choices=FORMATS, default="text", help="text (default), md (a PR comment) or json")
 
 
@@ -110,17 +110,24 @@ def verdict_line(d: DiffResult) -> str:
     if s.change_ratio is None:
         return f"{word}: no step times to compare"
     ci = f"{s.confidence:.0%} CI {_signed_pct(s.ci_low_ratio)} to {_signed_pct(s.ci_high_ratio)}"
-    text = (f"{word}: median step time {_signed_pct(s.change_ratio)} ({ms(s.base_p50_us)} -> {ms(s.head_p50_us)} ms), "
+    text = (f"{word}: median {_sample(s)} {_signed_pct(s.change_ratio)} ({ms(s.base_p50_us)} -> {ms(s.head_p50_us)} ms), "
             f"p = {_p(s.p_value)}, {ci}")
     return f"{text}; threshold +{d.fail_over_pct:g}% at p < {d.alpha:g}"
 
 
+def _sample(s: Any) -> str:
+    """What the compared step is: the job's (its slowest rank, per step; the reports' job
+    step percentiles) or, without steps.jsonl, the ranks' profiled step."""
+    return "job step" if s.source == "steps" else "profiled step"
+
+
 def _step_rows(d: DiffResult) -> list[tuple[str, str, str, str]]:
     s = d.steps
+    what = _sample(s)
     return [
-        ("median step (ms)", ms(s.base_p50_us), ms(s.head_p50_us), _signed_ms(s.base_p50_us, s.head_p50_us)),
-        ("p90 step (ms)", ms(s.base_p90_us), ms(s.head_p90_us), _signed_ms(s.base_p90_us, s.head_p90_us)),
-        ("mean step (ms)", ms(s.base_mean_us), ms(s.head_mean_us), _signed_ms(s.base_mean_us, s.head_mean_us)),
+        (f"{what} p50 (ms)", ms(s.base_p50_us), ms(s.head_p50_us), _signed_ms(s.base_p50_us, s.head_p50_us)),
+        (f"{what} p90 (ms)", ms(s.base_p90_us), ms(s.head_p90_us), _signed_ms(s.base_p90_us, s.head_p90_us)),
+        (f"{what} mean (ms)", ms(s.base_mean_us), ms(s.head_mean_us), _signed_ms(s.base_mean_us, s.head_mean_us)),
         ("steps compared" if s.source == "steps" else "ranks compared", str(s.base_n), str(s.head_n), ""),
     ]
 

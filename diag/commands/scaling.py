@@ -40,7 +40,8 @@ def execute(args: argparse.Namespace) -> int:
 
     console = Console(highlight=False)
     t = Table(title=f"scaling ({result.mode})", title_justify="left")
-    for col in ("run", "ranks", "step ms", "batch/rank", "samples/s", "speed-up", "efficiency", "comm exposed"):
+    for col in ("run", "ranks", "median step ms", "batch/rank", "samples/s", "speed-up", "efficiency",
+                "exposed comm"):
         t.add_column(col, justify="left" if col == "run" else "right", overflow="fold")
     for pt in result.points:
         t.add_row(
@@ -49,6 +50,8 @@ def execute(args: argparse.Namespace) -> int:
             f"{pt.efficiency:.0%}" if pt.efficiency else "-", f"{pt.comm_exposed_share:.0%}",
         )
     console.print(t)
+    console.print("median step: the median of the ranks' p50; exposed comm: of the profiled time, waiting for other "
+                  "ranks included, pooled over ranks (the figures of each run's report)", style="dim", markup=False)
     if result.serial_fraction is not None:
         console.print(f"Amdahl serial fraction: {result.serial_fraction:.1%}")
         for p in result.projected:

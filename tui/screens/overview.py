@@ -12,7 +12,7 @@ from textual.widgets import DataTable, Static
 
 from pardiag import style
 from pardiag.analysis import Analysis, RankResult
-from pardiag.report_md import headline, ordered_findings, quantile
+from pardiag.report_md import headline, job_step_words, ordered_findings, quantile
 from pardiag.tui import format as fmt
 from pardiag.tui.messages import OpenRank
 from pardiag.tui.screens.base import PardiagScreen
@@ -73,7 +73,9 @@ def summary(a: Analysis) -> RenderableType:
             f"{h.ranks} of {world} ranks", f"{h.hosts} host{'s' if h.hosts != 1 else ''}" if h.hosts else "",
             str(run.get("backend") or ""), str(run.get("device_type") or "")]
     if h.comm_exposed_share is not None:
-        bits.append(f"exposed comm {fmt.pct(h.comm_exposed_share)}")
+        without = (f" ({fmt.pct(h.comm_exposed_transfer_share)} without waiting)"
+                   if h.comm_exposed_transfer_share is not None else "")
+        bits.append(f"exposed comm {fmt.pct(h.comm_exposed_share)}{without}")
     lines.append(Text(" · ".join(b for b in bits if b), style="bold"))
     hang = a.nccl.get("hang") if isinstance(a.nccl.get("hang"), dict) else None
     if hang:
@@ -85,6 +87,8 @@ def summary(a: Analysis) -> RenderableType:
     if len(p50s) > 1:
         qs = " · ".join(f"{n} {fmt.ms(quantile(p50s, q))}" for n, q in (("min", 0), ("p50", 0.5), ("p90", 0.9), ("max", 1)))
         lines.append(Text(f"step p50 across ranks: {qs} ms", style="dim"))
+    if (job := job_step_words(h)) is not None:
+        lines.append(Text(f"job step: {job}", style="dim"))
     if h.straggler is not None:
         s = h.straggler
         held = f"; the others wait {fmt.ms(s.held_us_per_step)} ms per step" if s.held_us_per_step else ""

@@ -1,0 +1,119 @@
+"""The job-level figures every output shows (median step, exposed communication, the
+job's step percentiles, the profiler's inflation), computed once into `Analysis.summary`.
+
+The advisor, the what-if projection, scaling, diff and every renderer read them from
+there, so that no two screens can disagree. The definitions, worded for users, are
+`pardiag.analysis.SUMMARY_DEFINITIONS`; in short:
+
+- a median of an even count is the mean of the two middle values (`steps.percentile`);
+- shares are pooled over the job (sums over ranks over the sum of their windows), never
+  a mean of per-rank ratios: a rank with a longer window weighs more, as its time does;
+- the job's step is its slowest rank's, per step (the ranks meet in its collectives).
+
+Pure Python over the ranks' results; the step records are optional (an Analysis read
+from schema 1 or built by hand has none).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Mapping, Sequence
+
+from pardiag.analysis import BREAKDOWN_KEYS, Analysis, Inflation, RankResult, StepPercentiles, Summary
+from pardiag.analyzers.steps import job_step_times_us, median, percentile
+
+StepRecords = Mapping[int, Sequence[Mapping[str, Any]]]
+
+
+def build_summary(ranks: Sequence[RankResult], step_records: StepRecords | None = None) -> Summary:
+    """The summary of a job; `step_records` (steps.jsonl per rank) gives the job's step
+    percentiles over every step, without them they come from the profiled windows."""
+    step, source = step_p50(ranks)
+    return Summary(
+        step_p50_us=step,
+        step_p50_source=source,
+        comm_exposed_ratio=_pooled(ranks, lambda r: r.breakdown_us.get("comm_exposed", 0.0)),
+        comm_exposed_transfer_ratio=_pooled(ranks, exposed_transfer_us),
+        breakdown_ratio={k: v for k in BREAKDOWN_KEYS
+                         if (v := _pooled(ranks, lambda r, k=k: r.breakdown_us.get(k, 0.0))) is not None},
+        step_percentiles_us=step_percentiles(ranks, step_records),
+        profiled_step_inflation=inflation(ranks, step if source == "all steps" else None),
+        computed_from="steps" if step_records is not None else "ranks",
+    )
+
+
+def summary_from_ranks(ranks: Sequence[RankResult]) -> Summary:
+    """What can be computed without the step records (schema 1 upgraded, built by hand)."""
+    return build_summary(ranks, None)
+
+
+def readvise(a: Analysis) -> Analysis:
+    """An Analysis of schema 1, upgraded: its advisor's findings (and what-if) recomputed
+    from the summary, so that they use the figures every report shows; findings from
+    the NCCL logs and GPU telemetry, which no rule recomputes, are kept as they were."""
+    from pardiag.analyzers.levers import RULES, advise
+
+    by_rules = {name for name, _ in RULES}
+    return advise(replace(a, findings=[]), extra=[f for f in a.findings if f.lever not in by_rules])
+
+
+def step_p50(ranks: Sequence[RankResult]) -> tuple[float | None, Any]:
+    """Median over ranks of their p50 over all steps; without steps.jsonl, of their
+    profiled window per step."""
+    p50s = [r.step_time_us.p50 for r in ranks if r.step_time_us.p50 is not None]
+    if p50s:
+        return median(p50s), "all steps"
+    windows = [w for r in ranks if (w := profiled_window_step_us(r)) is not None]
+    if windows:
+        return median(windows), "profiled window"
+    return None, "none"
+
+
+def profiled_window_step_us(r: RankResult) -> float | None:
+    return r.window_us / r.steps_profiled if r.steps_profiled and r.window_us > 0 else None
+
+
+def exposed_transfer_us(r: RankResult) -> float:
+    """A rank's exposed communication without its waiting for other ranks: scaled by the
+    share of its collective time that was transfer, transfer / (transfer + wait)."""
+    coll = r.transfer_us + r.wait_us
+    frac = r.transfer_us / coll if coll > 0 else 1.0
+    return r.breakdown_us.get("comm_exposed", 0.0) * frac
+
+
+def _pooled(ranks: Sequence[RankResult], part: Any) -> float | None:
+    timed = [r for r in ranks if r.window_us > 0]
+    window = sum(r.window_us for r in timed)
+    return sum(part(r) for r in timed) / window if window > 0 else None
+
+
+def step_percentiles(ranks: Sequence[RankResult], step_records: StepRecords | None) -> StepPercentiles:
+    values = job_step_times_us(step_records).values_us if step_records else []
+    source = "steps"
+    if not values:
+        values = [w for r in ranks if (w := profiled_window_step_us(r)) is not None]
+        source = "profiled"
+    if not values:
+        return StepPercentiles(None, None, None, None, 0, "none")
+    return StepPercentiles(p50=percentile(values, 0.5), p90=percentile(values, 0.9), p99=percentile(values, 0.99),
+                           max=max(values), n=len(values), source=source)  # type: ignore[arg-type]
+
+
+def profiled_step_us(r: RankResult) -> float | None:
+    """A rank's step under the profiler: the median step inside its active window
+    (steps.jsonl), else the profiled window per step (the trace)."""
+    return r.step_time_us.profiled_p50 if r.step_time_us.profiled_p50 is not None else profiled_window_step_us(r)
+
+
+def inflation(ranks: Sequence[RankResult], step_us: float | None) -> Inflation:
+    by_rank = {}
+    profiled = []
+    for r in ranks:
+        p = profiled_step_us(r)
+        if p is None:
+            continue
+        profiled.append(p)
+        if r.step_time_us.p50:
+            by_rank[str(r.rank)] = p / r.step_time_us.p50
+    prof = median(profiled)
+    return Inflation(job=prof / step_us if prof is not None and step_us else None, by_rank=by_rank)

@@ -1,0 +1,204 @@
+"""The job-level figures (`Analysis.summary`) on a 2-rank job worked out by hand, and
+every output showing the same ones: the terminal summary, markdown, HTML, JSON, the
+TUI, the advisor, its what-if, scaling and diff.
+
+The job (times in ms):
+
+  rank  p50 step  profiled window  exposed comm  transfer  wait  exposed transfer
+  0     100       200 (2 steps)    20 (10%)      10        10    20 x 10/20 = 10
+  1     110       300 (3 steps)    90 (30%)      30        6     90 x 30/36 = 75
+
+- median step: the median of 100 and 110, an even count: (100 + 110) / 2 = 105
+  (the advisor used to take the upper middle, 110);
+- exposed communication, waiting included, pooled: (20 + 90) / (200 + 300) = 22%
+  (the mean of the ranks' ratios, (10% + 30%) / 2 = 20%, is not used any more);
+- the same with waiting left out, pooled: (10 + 75) / 500 = 17%
+  (mean of ratios: (5% + 25%) / 2 = 15%).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from rich.console import Console
+
+from pardiag.analysis import SCHEMA_VERSION, Analysis, RankResult, StepTime, Straggler, from_dict
+from pardiag.analyzers.diff import RunInput, diff_runs
+from pardiag.analyzers.levers import advise
+from pardiag.analyzers.scaling import scaling
+from pardiag.analyzers.steps import percentile
+from pardiag.analyzers.summary import build_summary
+from pardiag.errors import UserError
+from pardiag.render_text import print_summary
+from pardiag.report_html import render_html
+from pardiag.report_md import render_markdown
+from test_levers import DDP_ONE_BUCKET
+
+MS = 1000.0
+STEP = "105.0"  # ms, as every output prints it
+EXPOSED, EXPOSED_TRANSFER = 0.22, 0.17
+
+
+def rank(r: int, p50_ms: float, steps: int, exposed_ms: float, transfer_ms: float, wait_ms: float,
+         profiled_ms: float) -> RankResult:
+    window = 100 * MS * steps
+    b = {"compute": 0.6 * window, "comm_exposed": exposed_ms * MS, "comm_overlapped": 0.0, "memcpy": 0.0,
+         "dataloader": 0.0}
+    b["idle"] = window - sum(b.values())
+    return RankResult(rank=r, host="node0", steps_profiled=steps, window_us=window, breakdown_us=b, phases_us={},
+                      step_time_us=StepTime(p50=p50_ms * MS, mean=p50_ms * MS, max=p50_ms * MS * 1.1, n=5,
+                                            p90=p50_ms * MS, profiled_p50=profiled_ms * MS),
+                      device_type="cpu", transfer_us=transfer_ms * MS, wait_us=wait_ms * MS)
+
+
+RANKS = [rank(0, 100, 2, 20, 10, 10, 130), rank(1, 110, 3, 90, 30, 6, 143)]
+
+# steps.jsonl: step 0 is warm-up, step 6 is profiled; undisturbed steps 1-5 per rank
+#   rank 0: 100 102  98 100 101   (p50 100)
+#   rank 1: 110 108 112 109 111   (p50 110)
+#   job step (the slower rank): 110 108 112 109 111 -> sorted 108 109 110 111 112:
+#   p50 110; p90 at position 0.9 x 4 = 3.6: 111 + 0.6 = 111.6; p99 at 3.96: 111.96; max 112
+DURS = {0: [500, 100, 102, 98, 100, 101, 130], 1: [520, 110, 108, 112, 109, 111, 143]}
+RECORDS = {r: [{"step": i, "dur_us": d * MS, **({"profiler": "active"} if i == 6 else {})} for i, d in enumerate(ds)]
+           for r, ds in DURS.items()}
+
+
+def job(records: bool = True) -> Analysis:
+    """Advised, as the analysis pipeline does it: the summary first, then the advisor."""
+    return advise(Analysis(
+        run={"world_size": 2, "hosts": ["node0"], "backend": "gloo", "device_type": "cpu",
+             "framework": {**DDP_ONE_BUCKET, "dataloaders": [{"batch_size": 16}]}},
+        ranks=RANKS, collectives=[], stragglers=[Straggler(1, 25 * MS, "forward", ["slower forward"], 21 * MS)],
+        summary=build_summary(RANKS, RECORDS if records else None),
+    ))
+
+
+def test_summary_worked_by_hand() -> None:
+    s = job().job_summary
+    assert s.step_p50_us == 105 * MS and s.step_p50_source == "all steps"
+    assert s.comm_exposed_ratio == pytest.approx(EXPOSED)
+    assert s.comm_exposed_transfer_ratio == pytest.approx(EXPOSED_TRANSFER)
+    assert s.breakdown_ratio["compute"] == pytest.approx(0.6)  # (120 + 180) / 500
+    j = s.step_percentiles_us
+    assert (j.source, j.n) == ("steps", 5)
+    assert [j.p50, j.p90, j.p99, j.max] == pytest.approx([110 * MS, 111.6 * MS, 111.96 * MS, 112 * MS])
+    # profiled / unprofiled: 130 / 100 = 1.3 and 143 / 110 = 1.3; job: median(130, 143) / 105 = 136.5 / 105 = 1.3
+    assert s.profiled_step_inflation.by_rank == pytest.approx({"0": 1.3, "1": 1.3})
+    assert s.profiled_step_inflation.job == pytest.approx(1.3)
+    assert set(s.definitions) >= {"step_p50_us", "comm_exposed_ratio", "comm_exposed_transfer_ratio",
+                                  "step_percentiles_us", "profiled_step_inflation"}
+
+
+def test_without_step_records_the_percentiles_say_so() -> None:
+    s = job(records=False).job_summary
+    assert s.step_p50_us == 105 * MS and s.comm_exposed_ratio == pytest.approx(EXPOSED)
+    # one value per rank, its profiled window per step: 200 / 2 = 100 and 300 / 3 = 100
+    assert s.step_percentiles_us.source == "profiled" and s.step_percentiles_us.p50 == 100 * MS
+    assert s.computed_from == "ranks"
+
+
+def test_one_percentile_median_of_an_even_count() -> None:
+    assert percentile([110.0, 100.0], 0.5) == 105.0
+    assert percentile([], 0.5) is None
+
+
+def test_advisor_what_if_and_scaling_use_the_summary() -> None:
+    a = job()
+    f = {x.lever: x for x in a.findings}
+    # accumulate 4: the exposed transfer 17% is paid once per 4 micro-batches: 17% x 3/4 = 12.75%
+    ga = f["gradient_accumulation"]
+    assert ga.est_saving_pct == pytest.approx(12.8, abs=0.05) and "takes 17% of the step" in ga.title
+    # the evidence names both figures, labelled as the reports label them
+    assert ga.evidence[0] == ("exposed communication 17.0% of the profiled time with waiting for other ranks "
+                              "left out (22.0% with it; pooled over ranks)")
+    # one 40 MB bucket: min(17% / 2, compute 60% / 2) = 8.5%
+    assert f["ddp_bucket_size"].est_saving_pct == pytest.approx(8.5)
+    # the others wait 21 ms per step for rank 1: 21 / 105 = 20% of the median step (not 21 / 110)
+    assert f["straggler"].est_saving_pct == pytest.approx(20.0) and f["straggler"].severity == "high"
+    assert a.what_if is not None and a.what_if["step_us"] == 105 * MS
+    assert a.what_if["findings"][0]["step_us"] == pytest.approx(105 * MS * (1 - a.what_if["findings"][0]["saving_pct"] / 100))
+    res = scaling([("two", a), ("also two", job(records=False))])
+    assert [p.step_us for p in res.points] == [105 * MS, 105 * MS]
+    assert [p.comm_exposed_share for p in res.points] == pytest.approx([EXPOSED, EXPOSED])
+
+
+def test_diff_compares_the_summary_figures() -> None:
+    a = job()
+    d = diff_runs(RunInput("base", a, RECORDS), RunInput("head", a, RECORDS))
+    j = a.job_summary.step_percentiles_us
+    assert (d.steps.base_p50_us, d.steps.base_p90_us) == (j.p50, j.p90)  # the same sample, the same function
+    exposed = next(c for c in d.categories if c.key == "comm_exposed")
+    assert exposed.base_share == a.job_summary.comm_exposed_ratio
+
+
+def _text(a: Analysis) -> str:
+    out = io.StringIO()
+    print_summary(a, Console(file=out, width=200, highlight=False))
+    return out.getvalue()
+
+
+EXPOSED_WORDS = "22% of the profiled time, waiting for other ranks included (17% without)"
+
+
+def test_every_renderer_shows_the_same_figures() -> None:
+    a = job()
+    text = _text(a)
+    assert f"median step time: {STEP} ms (median of the ranks' p50, all steps)" in text
+    assert f"exposed communication: {EXPOSED_WORDS}" in text
+    assert "job step: p50 110.0 · p90 111.6 · p99 112.0 · max 112.0 ms" in text
+    md = render_markdown(a)
+    assert f"- **Median step time:** {STEP} ms (median of the ranks' p50, all steps)" in md
+    assert f"- **Exposed communication:** {EXPOSED_WORDS}" in md
+    html = render_html(a)
+    assert f'<div class="kpi-value">{STEP} <small>ms</small></div>' in html
+    assert '<div class="kpi-value">22%</div>' in html and "waiting for other ranks included (17% without)" in html
+    doc = json.loads(a.to_json())
+    assert doc["schema_version"] == SCHEMA_VERSION == 2
+    assert doc["summary"]["step_p50_us"] == 105 * MS and doc["what_if"]["step_us"] == 105 * MS
+    assert doc["summary"]["comm_exposed_ratio"] == pytest.approx(EXPOSED)
+    assert from_dict(doc).summary == a.summary  # the figures travel through analysis.json unchanged
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_tui_shows_the_same_figures() -> None:
+    from pardiag.tui.app import make_app
+    from test_tui import screen_text, settle
+
+    app = make_app(job())
+    async with app.run_test(size=(160, 40)) as pilot:
+        await settle(pilot)
+        text = screen_text(app)
+    assert f"median step {STEP} ms (all steps)" in text
+    assert "exposed comm 22% (17% without waiting)" in text
+
+
+def test_schema_1_is_upgraded_on_load() -> None:
+    a = job()
+    old = json.loads(a.to_json())
+    old["schema_version"] = 1
+    del old["summary"]
+    for r in old["ranks"]:
+        r["step_time_us"].pop("profiled_p50")
+    old["what_if"]["step_us"] = 110 * MS  # what the advisor of schema 1 said: the upper median
+    up = from_dict(old)
+    s = up.job_summary
+    assert s.computed_from == "ranks" and s.step_p50_us == 105 * MS
+    assert s.comm_exposed_ratio == pytest.approx(EXPOSED)
+    assert up.what_if is not None and up.what_if["step_us"] == 105 * MS  # recomputed, not kept
+    assert sorted(f.lever for f in up.findings) == sorted(f.lever for f in a.findings)
+    # inflation without the profiled steps of steps.jsonl: the profiled window per step, 100 / 100 = 1.0
+    assert s.profiled_step_inflation.by_rank == pytest.approx({"0": 1.0, "1": 100 / 110})
+
+
+def test_schema_2_without_summary_is_refused() -> None:
+    doc = json.loads(job().to_json())
+    del doc["summary"]
+    with pytest.raises(UserError, match="summary"):
+        from_dict(doc)
