@@ -126,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
                             "from hta.trace_analysis import TraceAnalysis\n"
                             f"ta = TraceAnalysis(trace_files={files!r}, trace_dir={str(run)!r})\n"
                             "ta.get_temporal_breakdown(visualize=False)")
-            red = timed(f"from pardiag.analyzers.reduce import reduce_ranks\nfrom pardiag.rundir import RunDir\n"
-                        f"from pathlib import Path\nerr = reduce_ranks(RunDir(Path({str(run)!r})), list(range({n})))\n"
+            red = timed(f"from pardiag.node_summaries import write_node_summaries\nfrom pardiag.rundir import RunDir\n"
+                        f"from pathlib import Path\nerr = write_node_summaries(RunDir(Path({str(run)!r})), list(range({n})))\n"
                         f"assert not any(err.values()), err")
             central = timed(f"from pardiag.analyzers.analyze import analyze_path\nfrom pathlib import Path\n"
                             f"a = analyze_path(Path({str(run)!r}))\nassert len(a.ranks) == {n}")

@@ -54,6 +54,8 @@ META_FORMAT = "pardiag.rank-meta"
 META_VERSION = 1
 LAUNCHER_FORMAT = "pardiag.launcher"
 LAUNCHER_VERSION = 1
+SUMMARY_FORMAT = "pardiag.rank-summary"
+SUMMARY_VERSION = 1
 TELEMETRY_FORMAT = "pardiag.telemetry"
 TELEMETRY_VERSION = 1
 
@@ -282,6 +284,20 @@ def telemetry_header(host: str, t_ns: int, interval_s: float, driver: str | None
             "interval_s": interval_s, "driver": driver, "gpus": gpus}
 
 
+def trace_source(trace: Path) -> dict[str, Any]:
+    """What a rank summary names of the trace it came from; it is used only while these match."""
+    st = trace.stat()
+    return {"trace": trace.name, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def write_summary(run: RunDir, rank: int, trace: Path, body: dict[str, Any]) -> None:
+    """ranks/<rank>/summary.json: `body` (the analyzers' reduced trace) under the
+    summary's format, the rank and the trace it came from."""
+    doc = {"format": SUMMARY_FORMAT, "format_version": SUMMARY_VERSION, "rank": rank,
+           "source": trace_source(trace), **body}
+    atomic_write_text(run.summary(rank), json.dumps(doc) + "\n", durable=False)
+
+
 def compress_file(path: Path, level: int = 6) -> Path:
     """`x.json` -> `x.json.gz` atomically; the original is removed only afterwards."""
     import gzip
@@ -370,6 +386,20 @@ def iter_steps(path: Path) -> Iterator[dict[str, Any]]:
 
 def read_steps(run: RunDir, rank: int) -> list[dict[str, Any]]:
     return list(iter_steps(run.steps(rank)))
+
+
+def read_summary(run: RunDir, rank: int, trace: Path) -> dict[str, Any] | None:
+    """The rank's summary document if it exists, is readable, is not of a newer format
+    and was made from `trace` as it is now; else None (the trace is read instead)."""
+    try:
+        doc = json.loads(run.summary(rank).read_text(encoding="utf-8"))
+        if not isinstance(doc, dict) or doc.get("format") != SUMMARY_FORMAT:
+            return None
+        if doc.get("format_version", 99) > SUMMARY_VERSION or doc.get("source") != trace_source(trace):
+            return None
+        return doc
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 @dataclass(frozen=True)

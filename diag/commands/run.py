@@ -452,12 +452,12 @@ def compress_traces(run: rundir.RunDir, ranks: list[int]) -> None:
 def reduce_traces(run: rundir.RunDir, host: str, mine: list[int]) -> None:
     """Summarise this node's traces here, in parallel, so the central analysis of a
     large job reads summaries instead of every trace."""
-    from pardiag.analyzers.reduce import reduce_ranks
+    from pardiag.node_summaries import write_node_summaries
 
     if len(mine) > 8:
         print(f"pardiag: summarising {len(mine)} traces on {host}", file=sys.stderr, flush=True)
     try:
-        errors = reduce_ranks(run, mine)
+        errors = write_node_summaries(run, mine)
     except Exception as e:  # the traces are kept: the analysis can still read them
         print(f"pardiag: warning: could not summarise the traces: {e}", file=sys.stderr)
         return
