@@ -4,7 +4,8 @@ Collectors write through this module, analyzers and renderers read through it.
 It imports nothing heavy (no torch, no rich) because it is loaded inside every
 training process.
 
-Layout (format version 1)::
+Layout (format version 1); `ENTRIES` lists the same, and `pardiag merge` joins
+per-node directories from that list::
 
     RUN/
       manifest.json                 written last, atomically, by the launcher(s)
@@ -46,7 +47,7 @@ import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal
 
 FORMAT = "pardiag.run"
 FORMAT_VERSION = 1
@@ -58,6 +59,32 @@ SUMMARY_FORMAT = "pardiag.rank-summary"
 SUMMARY_VERSION = 1
 TELEMETRY_FORMAT = "pardiag.telemetry"
 TELEMETRY_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One top-level entry of a run directory. `collected` entries are written while
+    the job runs (on every node: `pardiag merge` joins them); `derived` ones are
+    rebuilt from the collected ones (the manifest) or made on demand; a `lock` belongs
+    to the processes writing this directory."""
+
+    name: str
+    kind: Literal["dir", "file"]
+    role: Literal["collected", "derived", "lock"]
+
+
+ENTRIES: tuple[Entry, ...] = (
+    Entry("launchers", "dir", "collected"),
+    Entry("ranks", "dir", "collected"),
+    Entry("telemetry", "dir", "collected"),
+    Entry("nccl", "dir", "collected"),
+    Entry("flight", "dir", "collected"),
+    Entry("logs", "dir", "collected"),
+    Entry("manifest.json", "file", "derived"),
+    Entry("analysis.json", "file", "derived"),
+    Entry("report.html", "file", "derived"),
+    Entry(".lock", "file", "lock"),  # the manifest writers' lock
+)
 
 
 class RunDirError(Exception):

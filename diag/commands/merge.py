@@ -12,11 +12,10 @@ from pardiag import manifest, rundir
 from pardiag.errors import UserError
 
 DESCRIPTION = """Join run directories that nodes of one job wrote separately (no shared
-filesystem) into one run directory, then rebuild its manifest. Ranks, NCCL logs,
-launcher records and logs are copied; a rank present in two inputs with different
-files is an error, nothing is overwritten."""
-
-PARTS = ("ranks", "nccl", "logs", "launchers", "flight")
+filesystem) into one run directory, then rebuild its manifest. Everything the nodes
+collected is copied (ranks, GPU telemetry, NCCL logs, flight-recorder dumps, launcher
+records, logs); a file present in two inputs with different contents is an error,
+nothing is overwritten."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,10 +34,7 @@ def execute(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     copied = 0
     for s in sources:
-        for part in PARTS:
-            src = s / part
-            if src.is_dir():
-                copied += _copy_tree(src, out / part)
+        copied += _copy_collected(s, out)
     run = rundir.RunDir(out)
     doc = manifest.write(run)
     print(f"pardiag: merged {len(sources)} directories ({copied} files) into {out}: "
@@ -46,17 +42,34 @@ def execute(args: argparse.Namespace) -> int:
     return 0
 
 
-def _copy_tree(src: Path, dst: Path) -> int:
+def _copy_collected(src: Path, out: Path) -> int:
+    """Copy what a node collected, as the run directory's list of entries says."""
+    n = 0
+    for entry in rundir.ENTRIES:
+        if entry.role != "collected":
+            continue
+        if entry.kind == "dir" and (src / entry.name).is_dir():
+            n += _copy_tree(src / entry.name, out / entry.name, out)
+        elif entry.kind == "file" and (src / entry.name).is_file():
+            n += _copy_file(src / entry.name, out / entry.name, out)
+    return n
+
+
+def _copy_tree(src: Path, dst: Path, out: Path) -> int:
     n = 0
     for root, _dirs, files in os.walk(src):
         rel = Path(root).relative_to(src)
         (dst / rel).mkdir(parents=True, exist_ok=True)
         for name in files:
-            a, b = Path(root) / name, dst / rel / name
-            if b.exists():
-                if filecmp.cmp(a, b, shallow=False):
-                    continue
-                raise UserError(f"{b.relative_to(dst.parent)} comes from two inputs with different contents")
-            shutil.copy2(a, b)
-            n += 1
+            n += _copy_file(Path(root) / name, dst / rel / name, out)
     return n
+
+
+def _copy_file(a: Path, b: Path, out: Path) -> int:
+    """1 when `a` was copied to `b`, 0 when `b` holds the same already."""
+    if b.exists():
+        if filecmp.cmp(a, b, shallow=False):
+            return 0
+        raise UserError(f"{b.relative_to(out)} comes from two inputs with different contents")
+    shutil.copy2(a, b)
+    return 1
