@@ -381,7 +381,7 @@ def read_meta(run: RunDir, rank: int) -> dict[str, Any]:
 
 
 def read_launcher_records(run: RunDir) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     if not run.launchers_dir.is_dir():
         return out
     for p in sorted(run.launchers_dir.glob("*.json")):
