@@ -89,7 +89,7 @@ def build_env(
     if nccl_log:
         default("NCCL_DEBUG", "INFO")
         default("NCCL_DEBUG_SUBSYS", NCCL_SUBSYS)
-        default("NCCL_DEBUG_FILE", str(run.root.resolve() / "nccl" / "%h.%p.log"))
+        default("NCCL_DEBUG_FILE", rundir.RunDir(run.root.resolve()).nccl_log_pattern())
     flight = str(run.flight_prefix().resolve())
     # torch 2.9 renamed the flight recorder's variables (the old names still work, with
     # a deprecation warning); a user's setting under either name is kept.
