@@ -373,11 +373,9 @@ def install() -> None:
 def _record_install_failure(e: BaseException) -> None:
     try:
         run = rundir.RunDir(Path(os.environ[ENV_RUN_DIR]))
-        d = run.bootstrap_errors_dir
-        d.mkdir(parents=True, exist_ok=True)
-        (d / f"{rundir.hostname()}.{os.getpid()}.txt").write_text(
-            "pardiag collector failed to install:\n" + traceback.format_exc()
-        )
+        path = run.bootstrap_error(rundir.hostname(), os.getpid())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("pardiag collector failed to install:\n" + traceback.format_exc())
     except Exception:
         pass
 

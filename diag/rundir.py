@@ -125,7 +125,13 @@ class RunDir:
 
     @property
     def bootstrap_errors_dir(self) -> Path:
+        # collectors/_inject/sitecustomize.py spells this path out too: it runs before
+        # pardiag can be imported
         return self.root / "logs" / "bootstrap"
+
+    def bootstrap_error(self, host: str, pid: int) -> Path:
+        """Why pardiag's collector could not install in one process."""
+        return self.bootstrap_errors_dir / f"{host}.{pid}.txt"
 
     @property
     def analysis(self) -> Path:

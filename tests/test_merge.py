@@ -81,7 +81,7 @@ def node(root: Path, host: str, pid: int, rank: int, complete: bool) -> RunDir:
     run.bootstrap_errors_dir.mkdir(parents=True)
     run.stream_log(host, pid, "stdout").write_text("loss 1.0\n")
     run.stream_log(host, pid, "stderr").write_text("")
-    (run.bootstrap_errors_dir / f"{host}.{pid}.txt").write_text("collector failed to install\n")
+    run.bootstrap_error(host, pid).write_text("collector failed to install\n")
     manifest.write(run)
     rundir.atomic_write_json(run.analysis, {"schema": "pardiag.analysis"})
     run.report.write_text("<html></html>")

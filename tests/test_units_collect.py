@@ -170,3 +170,20 @@ def test_home_paths(monkeypatch) -> None:
     assert home_paths("/home/ada", home="/home/ada") == "~"
     monkeypatch.setenv("PARDIAG_SHOW_PATHS", "1")
     assert home_paths("/home/ada/x", home="/home/ada") == "/home/ada/x"
+
+
+def test_a_collector_that_cannot_install_leaves_its_reason_where_the_manifest_reads_it(tmp_path, monkeypatch) -> None:
+    pytest.importorskip("torch")
+    from pardiag import manifest, rundir
+    from pardiag.collectors import runtime
+
+    monkeypatch.setenv("PARDIAG_RUN_DIR", str(tmp_path))
+    try:
+        raise RuntimeError("no profiler here")
+    except RuntimeError as e:
+        runtime._record_install_failure(e)
+    run = rundir.RunDir(tmp_path)
+    path = run.bootstrap_error(rundir.hostname(), os.getpid())
+    assert "RuntimeError: no profiler here" in path.read_text()
+    status = manifest._collector_status(run, {}, {}, None, [])
+    assert status["bootstrap"]["status"] == "failed" and status["bootstrap"]["files"] == [path.name]
