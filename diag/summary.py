@@ -63,7 +63,7 @@ def _write_report(run: rundir.RunDir, analysis: Any, console: Console) -> None:
 
 def _analyse(run: rundir.RunDir, console: Console) -> Any:
     """The Analysis of the run just recorded; a failure here never fails the run."""
-    from pardiag.commands.analyze import load_or_analyze
+    from pardiag.analysis_cache import load_or_analyze
 
     if not run.ranks():
         return None

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Sequence
 
-from pardiag import rundir
 from pardiag.analysis import Analysis
 
 Progress = Callable[[int, int], None]
@@ -14,8 +13,8 @@ Loader = Callable[[Progress], Analysis]
 
 
 def path_loader(path: Path, nccl_logs: Sequence[Path] = ()) -> Loader:
-    """A loader for `path`: a cached analysis comes back at once, traces are parsed with
-    progress, and a run directory's result is cached the way `pardiag analyze` does.
+    """A loader for `path`: the analysis `pardiag analyze` would give, through the same
+    cache (a cached analysis comes back at once, traces are parsed with progress).
 
     Call it before the app runs: trace parsing uses a process pool, and a pool's
     helper process started under the running app would be handed the app's stderr
@@ -26,20 +25,13 @@ def path_loader(path: Path, nccl_logs: Sequence[Path] = ()) -> Loader:
         resource_tracker.ensure_running()
 
     def load(progress: Progress) -> Analysis:
-        from pardiag.commands.analyze import cache_is_fresh, load_or_analyze
+        from pardiag.analysis_cache import load_or_analyze
 
-        is_run = path.is_dir() and rundir.is_run_dir(path)
-        if not nccl_logs and (path.is_file() and path.name.endswith("analysis.json")
-                              or is_run and cache_is_fresh(rundir.RunDir(path))):
-            return load_or_analyze(path, quiet=True)
-        from pardiag.analyzers.analyze import analyze_path
-
-        a = analyze_path(path, progress=progress, nccl_logs=list(nccl_logs))
-        if is_run:
-            try:
-                rundir.atomic_write_text(rundir.RunDir(path).analysis, a.to_json() + "\n")
-            except OSError:
-                pass  # a read-only run directory: the analysis is shown all the same
-        return a
+        return load_or_analyze(path, force=bool(nccl_logs), quiet=True, nccl_logs=nccl_logs, progress=progress,
+                               warn=_unwritable_cache)
 
     return load
+
+
+def _unwritable_cache(message: str) -> None:
+    """A read-only run directory: the analysis is shown all the same."""

@@ -6,8 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from pardiag import analysis as model
-from pardiag import rundir
+from pardiag.analysis_cache import load_or_analyze, nccl_log_paths
 from pardiag.errors import UserError
 
 DESCRIPTION = """Analyse a run directory written by `pardiag run`, a folder of plain
@@ -58,89 +57,3 @@ def execute(args: argparse.Namespace) -> int:
 
         print_summary(a, next_for=args.path)
     return 0
-
-
-HTA_MISSING = ("--hta needs HolisticTraceAnalysis, which is not installed: "
-               "pip install 'pardiag[hta]' (or pip install HolisticTraceAnalysis)")
-
-
-def require_hta() -> None:
-    """HTA is an optional extra: say how to get it before any trace is read."""
-    import importlib.util
-
-    if importlib.util.find_spec("hta") is None:
-        raise UserError(HTA_MISSING)
-
-
-def nccl_log_paths(given: list[str]) -> list[Path]:
-    logs = [Path(p) for p in given]
-    for p in logs:
-        if not p.exists():
-            raise UserError(f"--nccl-log {p}: no such file or directory")
-    return logs
-
-
-def cache_is_fresh(run: rundir.RunDir) -> bool:
-    """analysis.json newer than everything it was computed from."""
-    try:
-        cached = run.analysis.stat().st_mtime
-    except FileNotFoundError:
-        return False
-    for p in [run.manifest, *run.ranks_dir.glob("*/*")]:
-        try:
-            if p.stat().st_mtime > cached:
-                return False
-        except FileNotFoundError:
-            continue
-    return True
-
-
-def load_or_analyze(
-    path: Path,
-    jobs: int | None = None,
-    force: bool = False,
-    quiet: bool = False,
-    use_hta: bool = False,
-    nccl_logs: list[Path] | None = None,
-) -> model.Analysis:
-    if path.is_file() and path.name.endswith("analysis.json"):
-        return model.load(path)
-    is_run = path.is_dir() and rundir.is_run_dir(path)
-    run = rundir.RunDir(path) if is_run else None
-    if run is not None and not force and cache_is_fresh(run):
-        try:
-            cached = model.load(run.analysis)
-            if cached.hta is not None or not use_hta:
-                return cached
-        except UserError:
-            pass  # an older or broken cache: analyse again
-    if use_hta:
-        require_hta()  # only now: a cached analysis with HTA's numbers needs no HTA
-    a = analyze_with_progress(path, jobs, quiet, use_hta, nccl_logs or [])
-    if run is not None:
-        try:
-            rundir.atomic_write_text(run.analysis, a.to_json() + "\n")
-        except OSError as e:
-            print(f"pardiag: warning: could not cache the analysis in {run.analysis}: {e.strerror}", file=sys.stderr)
-    return a
-
-
-def analyze_with_progress(
-    path: Path, jobs: int | None, quiet: bool, use_hta: bool = False, nccl_logs: list[Path] | None = None
-) -> model.Analysis:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from pardiag.analyzers.analyze import analyze_path
-
-    console = Console(stderr=True)
-    if quiet or not console.is_terminal:
-        return analyze_path(path, jobs=jobs, use_hta=use_hta, nccl_logs=nccl_logs or [])
-    with Progress(TextColumn("reading traces"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as bar:
-        task = bar.add_task("traces", total=None)
-
-        def progress(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
-
-        return analyze_path(path, jobs=jobs, progress=progress, use_hta=use_hta, nccl_logs=nccl_logs or [])

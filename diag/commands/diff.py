@@ -70,7 +70,7 @@ def execute(args: argparse.Namespace) -> int:
 def load_input(arg: str) -> RunInput:
     """A RunInput: the Analysis, and the step records when the path is (in) a run directory."""
     from pardiag.analyzers.diff import RunInput
-    from pardiag.commands.analyze import load_or_analyze
+    from pardiag.analysis_cache import load_or_analyze
 
     path = Path(arg)
     if not path.exists():

@@ -56,7 +56,7 @@ def default_output(path: Path) -> Path:
 
 
 def execute(args: argparse.Namespace) -> int:
-    from pardiag.commands.analyze import load_or_analyze, nccl_log_paths
+    from pardiag.analysis_cache import load_or_analyze, nccl_log_paths
 
     path = Path(args.path)
     logs = nccl_log_paths(args.nccl_log)

@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     from pardiag.analyzers.scaling import scaling
-    from pardiag.commands.analyze import load_or_analyze
+    from pardiag.analysis_cache import load_or_analyze
 
     if len(args.runs) < 2:
         raise UserError("scaling needs at least two runs")

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from pardiag import rundir
+from pardiag.analysis_cache import is_analysis_file, load_or_analyze, nccl_log_paths
 from pardiag.errors import UserError
 
 DESCRIPTION = """Explore a run in the terminal: ranks side by side (sortable, filterable),
@@ -46,16 +47,11 @@ def check_path(path: Path) -> None:
 def execute(args: argparse.Namespace) -> int:
     path = Path(args.path)
     check_path(path)
-    logs = [Path(p) for p in args.nccl_log]
-    for p in logs:
-        if not p.exists():
-            raise UserError(f"--nccl-log {p}: no such file or directory")
+    logs = nccl_log_paths(args.nccl_log)
     from pardiag.tui.app import make_app
 
-    if path.is_file() and path.name.endswith("analysis.json") and not logs:
-        from pardiag import analysis as model
-
-        app = make_app(model.load(path))  # a bad file is refused before the terminal is taken over
+    if is_analysis_file(path) and not logs:
+        app = make_app(load_or_analyze(path))  # a bad file is refused before the terminal is taken over
     else:
         app = make_app(path, nccl_logs=logs)
     app.run()
