@@ -58,7 +58,7 @@ def test_demo_refuses_a_python_without_torch_before_starting(tmp_path: Path, pyt
 
 def test_demo_check_passes_with_torch() -> None:
     from pardiag.commands.demo import example_script
-    from pardiag.commands.run import check_job_torch
+    from pardiag.torch_check import check_job_torch
 
     check_job_torch([sys.executable, "-m", "torch.distributed.run", str(example_script())], {})
 

@@ -195,7 +195,7 @@ def _script(path: Path, text: str) -> Path:
 
 
 def test_job_python_is_found_in_every_launcher_shape(tmp_path: Path, python_without_torch: Path) -> None:
-    from pardiag.commands.run import job_python
+    from pardiag.torch_check import job_python
 
     bin_ = tmp_path / "bin"
     bin_.mkdir()
@@ -219,15 +219,15 @@ def test_job_python_is_found_in_every_launcher_shape(tmp_path: Path, python_with
 
 
 def test_an_interpreter_that_cannot_answer_does_not_block(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import pardiag.commands.run as run_mod
+    import pardiag.torch_check as torch_check
 
     bin_ = tmp_path / "bin"
     bin_.mkdir()
     _script(bin_ / "python", "#!/bin/sh\nexit 1\n")  # a broken interpreter: cannot tell
-    run_mod.check_job_torch(["python", "t.py"], {"PATH": str(bin_)})
+    torch_check.check_job_torch(["python", "t.py"], {"PATH": str(bin_)})
     _script(bin_ / "python", "#!/bin/sh\nsleep 5\n")
-    monkeypatch.setattr(run_mod, "TORCH_PROBE_TIMEOUT_S", 0.5)
-    run_mod.check_job_torch(["python", "t.py"], {"PATH": str(bin_)})  # too slow to answer: the job starts
+    monkeypatch.setattr(torch_check, "TORCH_PROBE_TIMEOUT_S", 0.5)
+    torch_check.check_job_torch(["python", "t.py"], {"PATH": str(bin_)})  # too slow to answer: the job starts
 
 
 def test_run_refuses_a_python_without_torch_before_starting(tmp_path: Path, python_without_torch: Path) -> None:
@@ -245,7 +245,7 @@ def test_run_refuses_a_python_without_torch_before_starting(tmp_path: Path, pyth
                       str(python_without_torch), "-c", f"open({str(marker)!r}, 'w')")
     assert res.returncode == 0, res.stderr
     assert marker.exists()
-    from pardiag.commands.run import check_job_torch
+    from pardiag.torch_check import check_job_torch
 
     check_job_torch([sys.executable, "train.py"], os.environ)  # .venv has torch: no error
 

@@ -12,7 +12,7 @@ import pytest
 from pardiag.analyzers.steps import percentile, step_stats
 from pardiag.collectors.bootstrap import entry_point, is_launcher
 from pardiag.collectors.config import CollectorConfig, ProfileSchedule, parse_ranks
-from pardiag.commands.run import job_key_from, launcher_kind
+from pardiag.recording import job_key_from, launcher_kind
 from pardiag.envsetup import build_env, inject_dir
 from pardiag.redact import REDACTED, redact_argv, redact_env, redact_text
 from pardiag.rundir import RunDir, iter_steps

@@ -10,8 +10,9 @@ from importlib import resources
 from pathlib import Path
 
 from pardiag.collectors.config import CollectorConfig
-from pardiag.commands.run import check_job_torch, choose_run_dir, record
 from pardiag.errors import UserError
+from pardiag.recording import choose_run_dir, record
+from pardiag.torch_check import check_job_torch
 
 DESCRIPTION = """Run the bundled DDP example (examples/train_ddp.py: a small transformer on
 synthetic data) with 2 ranks on this machine's CPU under `pardiag run`, then print
