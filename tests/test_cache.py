@@ -113,9 +113,11 @@ def test_an_older_cache_of_a_run_with_raw_data_is_analysed_again(run: Path) -> N
     upgraded = model.from_dict(old)  # what upgrading the old document gives: no job-step percentiles
     assert upgraded.job_summary.computed_from == "ranks"
 
-    for path in (run, run / "analysis.json"):
+    tui = path_loader(run)
+    for load in (lambda: load_or_analyze(run, quiet=True), lambda: load_or_analyze(run / "analysis.json"),
+                 lambda: tui(lambda done, total: None)):
         _write_fresh(run / "analysis.json", old)
-        again = load_or_analyze(path, quiet=True)
+        again = load()
         assert again.job_summary.computed_from == "steps"
         assert again.job_summary.step_percentiles_us == a.job_summary.step_percentiles_us
         assert _schema_version(run / "analysis.json") == model.SCHEMA_VERSION  # cached anew
