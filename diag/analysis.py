@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, get_args
 
 from pardiag.errors import UserError
 
@@ -22,7 +22,10 @@ SCHEMA = "pardiag.analysis"
 SCHEMA_VERSION = 2
 
 Severity = Literal["high", "medium", "low"]
-LEVERS = (
+# `findings[].lever`: DESIGN.md's fixed vocabulary plus its deliberate extensions, a closed
+# type (tests and CI depend on the ids). A new id is added here, to DESIGN.md's list and to
+# the README's; tests/test_rules.py checks that the three agree.
+Lever = Literal[
     "straggler",
     "dataloader",
     "mixed_precision",
@@ -36,7 +39,8 @@ LEVERS = (
     "gpu_health",
     "batch_size",
     "ddp_find_unused",  # extension (DESIGN.md): DDP searched for unused parameters and found none
-)
+]
+LEVERS: tuple[Lever, ...] = get_args(Lever)
 BREAKDOWN_KEYS = ("compute", "comm_exposed", "comm_overlapped", "memcpy", "dataloader", "idle")
 PHASE_KEYS = ("dataloader", "forward", "backward", "optimizer", "other")
 
@@ -123,13 +127,17 @@ class ProcessGroup:
 
 @dataclass(frozen=True)
 class Finding:
-    lever: str
+    lever: Lever
     severity: Severity
     title: str
     evidence: list[str]
     ranks: list[int]
     est_saving_pct: float | None
     action: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        if self.lever not in LEVERS:  # the type is closed at run time too
+            raise ValueError(f"unknown lever id {self.lever!r}; known: {', '.join(LEVERS)}")
 
 
 @dataclass(frozen=True)
