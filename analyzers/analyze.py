@@ -10,10 +10,10 @@ import re
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from pardiag import rundir
-from pardiag.analysis import Analysis, Finding, GpuTime, Notice, RankResult, StepTime
+from pardiag.analysis import Analysis, GpuTime, Notice, RankResult, StepTime
 from pardiag.analyzers.collectives import clock_offsets, end_times, match
 from pardiag.analyzers.groups import process_groups
 from pardiag.analyzers.rank_trace import RankTrace, analyze_rank_trace
@@ -21,6 +21,9 @@ from pardiag.analyzers.steps import step_stats
 from pardiag.analyzers.stragglers import RankEvidence, find_stragglers
 from pardiag.analyzers.trace import trace_head
 from pardiag.errors import UserError
+
+if TYPE_CHECKING:
+    from pardiag.analyzers.nccl_log import NcclReport
 
 TRACE_NAME = re.compile(r".*\.json(\.gz)?$")
 Progress = Callable[[int, int], None]
@@ -199,9 +202,9 @@ def analyze_path(
     if offsets and max(abs(v) for v in offsets.values()) > SKEW_WARN_US:
         notices.append(Notice("warning", f"clocks differ by up to {max(abs(v) for v in offsets.values()) / 1e6:.1f} s between ranks; cross-rank timelines are aligned from collective end times"))
     hta = _hta(inputs, summaries, notices) if use_hta else None
-    nccl, extra_findings = _nccl(run, nccl_logs, world, notices)
-    telemetry = _telemetry(run, stragglers, extra_findings, notices) if run is not None else {}
-    from pardiag.analyzers.levers import advise
+    nccl, nccl_report = _nccl(run, nccl_logs, world, notices)
+    telemetry = _telemetry(run, notices) if run is not None else {}
+    from pardiag.analyzers.rules import advise
     from pardiag.analyzers.summary import build_summary
 
     return advise(Analysis(
@@ -217,36 +220,36 @@ def analyze_path(
                                       fsdp=any((m or {}).get("fsdp") for m in metas.values())),
         notices=notices,
         summary=build_summary(ranks, step_records if run is not None else None),
-    ), extra=extra_findings)
+    ), nccl=nccl_report, telemetry=telemetry)
 
 
 def _nccl(
     run: rundir.RunDir | None, extra: Sequence[Path], world: int, notices: list[Notice]
-) -> tuple[dict[str, Any], list[Finding]]:
+) -> tuple[dict[str, Any], NcclReport | None]:
     logs = list(extra)
     if run is not None and run.nccl_dir.is_dir():
         logs += sorted(p for p in run.nccl_dir.glob("*.log") if p.stat().st_size > 0)
     if not logs:
-        return {}, []
-    from pardiag.analyzers.nccl_summary import nccl_block
+        return {}, None
+    from pardiag.analyzers.nccl_log import parse_nccl_logs
+    from pardiag.analyzers.nccl_summary import summarise
 
-    block, raw = nccl_block(logs, world or None)
+    report = parse_nccl_logs(logs)
+    block = summarise(report, world or None)
     hang = block.get("hang")
     if hang:
         notices.append(Notice("error", f"hang: {hang.get('summary')}"))
-    return block, [Finding(**f) for f in raw]
+    return block, report
 
 
-def _telemetry(run: rundir.RunDir, stragglers: list[Any], findings: list[Finding], notices: list[Notice]) -> dict[str, Any]:
-    from pardiag.analyzers.telemetry import gpu_health_findings, telemetry_block
+def _telemetry(run: rundir.RunDir, notices: list[Notice]) -> dict[str, Any]:
+    from pardiag.analyzers.telemetry import telemetry_block
 
     try:
-        block = telemetry_block(run)
+        return telemetry_block(run)
     except Exception as e:  # telemetry is optional; never lose the analysis over it
         notices.append(Notice("warning", f"telemetry unreadable: {type(e).__name__}: {e}"))
         return {}
-    findings += [Finding(**f) for f in gpu_health_findings(block, [s.rank for s in stragglers])]
-    return block
 
 
 def _hta(inputs: list[RankInput], summaries: dict[int, TraceSummary], notices: list[Notice]) -> dict[str, Any] | None:

@@ -1,8 +1,9 @@
 """The lever advisor: what to change, with the evidence and the expected gain.
 
-One small rule per lever of DESIGN.md, in a table. A rule reads the Analysis (ranks,
-collectives, stragglers, the framework facts each rank recorded) and returns a finding
-or nothing. `est_saving_pct` is the share of the median step time the change would
+One small rule per lever of DESIGN.md, each a row of the one registry
+(`analyzers.rules.RULES`, which also orders them). A rule reads the Analysis (ranks,
+collectives, stragglers, the framework facts each rank recorded) through its
+`RuleContext` and returns its finding, or [] for nothing. `est_saving_pct` is the share of the median step time the change would
 remove, computed from this run's own figures under the assumption stated in the
 finding; a lever the job already uses, or a healthy run, gets no finding. The
 job-level figures (the median step, exposed communication with and without waiting,
@@ -41,11 +42,14 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Sequence
 
-from pardiag.analysis import Analysis, Finding, RankResult
+from pardiag.analysis import Finding, Severity
 from pardiag.analyzers.steps import median
+
+if TYPE_CHECKING:  # the registry imports this module
+    from pardiag.analyzers.rules import RuleContext
 
 DOCS = {
     "dataloader": "https://pytorch.org/docs/stable/data.html#multi-process-data-loading",
@@ -66,54 +70,7 @@ DOCS = {
 PRECISION_SPEEDUP = {"fp32": 4.0, "tf32": 1.5, "unknown": 1.5}
 
 
-@dataclass(frozen=True)
-class Context:
-    a: Analysis
-    fw: dict[str, Any]
-
-    @property
-    def step_us(self) -> float:
-        """The job's median step (`summary.step_p50_us`), 0 when unknown."""
-        return self.a.job_summary.step_p50_us or 0.0
-
-    @property
-    def ranks(self) -> list[RankResult]:
-        return [r for r in self.a.ranks if r.window_us > 0]
-
-    def share(self, key: str) -> float:
-        """A breakdown category's share of the profiled window, pooled over the job
-        (`summary.breakdown_ratio`)."""
-        return self.a.job_summary.breakdown_ratio.get(key, 0.0)
-
-    def exposed_transfer(self) -> float:
-        """Exposed communication without the time ranks waited for each other inside it
-        (that is imbalance, not the cost of moving data), pooled over the job
-        (`summary.comm_exposed_transfer_ratio`)."""
-        return self.a.job_summary.comm_exposed_transfer_ratio or 0.0
-
-    def exposed(self) -> float:
-        """Exposed communication, waiting included (`summary.comm_exposed_ratio`)."""
-        return self.a.job_summary.comm_exposed_ratio or 0.0
-
-    def exposed_words(self) -> str:
-        """The two exposed-communication figures, labelled as every report labels them."""
-        return (f"exposed communication {self.exposed_transfer():.1%} of the profiled time with waiting for other "
-                f"ranks left out ({self.exposed():.1%} with it; pooled over ranks)")
-
-    @property
-    def gpu(self) -> bool:
-        return any(r.device_type == "cuda" for r in self.a.ranks)
-
-    @property
-    def ddp(self) -> dict[str, Any] | None:
-        d = self.fw.get("ddp") or []
-        return d[0] if d else None
-
-
-Rule = Callable[[Context], Finding | None]
-
-
-def _sev(share: float, medium: float, high: float) -> str:
+def _sev(share: float, medium: float, high: float) -> Severity:
     return "high" if share >= high else "medium" if share >= medium else "low"
 
 
@@ -259,11 +216,11 @@ def _whole(x: float) -> int:
     return max(1, int(math.floor(x + 0.5)))
 
 
-def in_framework(ctx: Context, action: dict[str, Any], forms: dict[str, Form],
+def in_framework(ctx: RuleContext, action: dict[str, Any], forms: dict[str, Form],
                  torch_settings: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """`action` with its code in the words of the job's framework where `forms` has one
     (the plain torch code kept in `torch_code`), plus `framework` and `settings`."""
-    name = framework_name(ctx.fw)
+    name = framework_name(ctx.framework)
     form = forms.get(name) if name != "torch" else None
     out = dict(action)
     if form is None:
@@ -291,17 +248,17 @@ def loader_batch(loader: dict[str, Any]) -> Any:
     return loader.get("batch_size") or loader.get("batch_sampler_batch_size")
 
 
-def batch_change(ctx: Context, factor: int) -> dict[str, Any]:
+def batch_change(ctx: RuleContext, factor: int) -> dict[str, Any]:
     """The global batch per optimizer step before and after a change that multiplies it
     by `factor`, and what to do about the learning rate (`note`; `comment`: the same in
     one line for the code)."""
-    loaders = ctx.fw.get("dataloaders") or []
+    loaders = ctx.framework.get("dataloaders") or []
     per_rank = loader_batch(loaders[0]) if loaders and isinstance(loaders[0], dict) else None
-    world = int(ctx.a.run.get("world_size") or len(ctx.a.ranks) or 1)
-    acc = (ctx.fw.get("grad_accumulation") or {}).get("backwards_per_step") or 1
+    world = int(ctx.analysis.run.get("world_size") or len(ctx.analysis.ranks) or 1)
+    acc = (ctx.framework.get("grad_accumulation") or {}).get("backwards_per_step") or 1
     before = int(per_rank * world * acc) if isinstance(per_rank, int) and per_rank > 0 else None
     after = before * factor if before else None
-    opts = ctx.fw.get("optimizers") or []
+    opts = ctx.framework.get("optimizers") or []
     opt = opts[0] if opts and isinstance(opts[0], dict) else {}
     # The learning rate a scheduler started from (torch's schedulers keep it as the group's
     # initial_lr); the current `lr` is wherever the schedule was when recorded, so no
@@ -352,10 +309,10 @@ def _with_batch(action: dict[str, Any], batch: dict[str, Any]) -> dict[str, Any]
 # -- rules ------------------------------------------------------------------------------
 
 
-def straggler(ctx: Context) -> Finding | None:
-    if not ctx.a.stragglers or ctx.step_us <= 0:
-        return None
-    s = max(ctx.a.stragglers, key=lambda s: s.excess_us_per_step)
+def straggler(ctx: RuleContext) -> list[Finding]:
+    if not ctx.analysis.stragglers or ctx.step_us <= 0:
+        return []
+    s = max(ctx.analysis.stragglers, key=lambda s: s.excess_us_per_step)
     # fixed, the others stop waiting for it: the step shrinks by their extra wait
     held = s.held_us_per_step if s.held_us_per_step is not None else s.excess_us_per_step
     share = held / ctx.step_us
@@ -370,7 +327,7 @@ def straggler(ctx: Context) -> Finding | None:
         "host overhead": "rank {r} spends longer outside forward/backward: Python work only on that rank "
         "(logging, metrics, checkpoints) or CPU contention (pin threads, OMP_NUM_THREADS).",
     }.get(s.cause, "rank {r} is slower; compare its phases with the others'.")
-    return Finding(
+    return [Finding(
         lever="straggler",
         severity=_sev(share, 0.10, 0.20),
         title=f"rank {s.rank} is {s.excess_us_per_step / 1000:.1f} ms per step slower ({s.cause}); "
@@ -379,35 +336,35 @@ def straggler(ctx: Context) -> Finding | None:
         ranks=[s.rank],
         est_saving_pct=_pct(min(share, 0.95)),
         action={"text": what.format(r=s.rank), "assumption": "the others stop waiting for it", "code": f"# check rank {s.rank}: nvidia-smi -q -d CLOCK,PERFORMANCE; top -H -p <pid>"},
-    )
+    )]
 
 
-def dataloader(ctx: Context) -> Finding | None:
+def dataloader(ctx: RuleContext) -> list[Finding]:
     shares = []
-    for r in ctx.a.ranks:
+    for r in ctx.analysis.ranks:
         hp = r.host_phases_us
         if hp.get("step"):
             shares.append(hp.get("dataloader", 0.0) / hp["step"])
     share = sum(shares) / len(shares) if shares else ctx.share("dataloader")
     source = "median over all steps (steps.jsonl)" if shares else "share of the profiled window"
     if share < 0.05:
-        return None
-    loaders = ctx.fw.get("dataloaders") or []
+        return []
+    loaders = ctx.framework.get("dataloaders") or []
     cur = loaders[0] if loaders else {}
     workers = int(cur.get("num_workers") or 0)
-    cpus = ((ctx.fw.get("threads") or {}).get("sched_affinity") or 8)
+    cpus = ((ctx.framework.get("threads") or {}).get("sched_affinity") or 8)
     per_rank_cpus = max(1, cpus // max(1, _local_ranks(ctx)))
     # one batch takes `share` of a step to load on the main process; with w workers
     # loading in parallel the wait disappears once w * step >= load time
     need = max(2, math.ceil(share / max(1e-6, 1 - share)) + 1) if workers == 0 else workers * 2
     proposal = min(need, per_rank_cpus) if per_rank_cpus > 1 else need
     kw: dict[str, Any] = {"num_workers": proposal, "persistent_workers": True, "prefetch_factor": 2}
-    if ctx.gpu and not cur.get("pin_memory"):
+    if ctx.on_gpu and not cur.get("pin_memory"):
         kw["pin_memory"] = True
     hf = {f"dataloader_{k}": v for k, v in kw.items()}
     forms = {"transformers": _hf(**hf)}
     forms.update({name: _loader_form(where, kw) for name, where in LOADER_PLACE.items()})
-    return Finding(
+    return [Finding(
         lever="dataloader",
         severity=_sev(share, 0.05, 0.20),
         title=f"{share:.0%} of each step waits for input" + (f" (DataLoader num_workers={workers})" if cur else ""),
@@ -415,35 +372,35 @@ def dataloader(ctx: Context) -> Finding | None:
             [f"DataLoader: num_workers={workers}, pin_memory={cur.get('pin_memory')}, "
              f"persistent_workers={cur.get('persistent_workers')}, batch_size={cur.get('batch_size')}"] if cur else []
         ),
-        ranks=[r.rank for r in ctx.a.ranks],
+        ranks=[r.rank for r in ctx.analysis.ranks],
         est_saving_pct=_pct(share * 0.9),
         action=in_framework(ctx, {
             "code": f"DataLoader(dataset, batch_size=..., {', '.join(f'{k}={_lit(v)}' for k, v in kw.items())})",
             "doc": DOCS["dataloader"],
             "assumption": "workers load batches while the GPU/CPU computes; 90% of the wait hidden"},
             forms, [_set(TORCH_LOADER, **kw)]),
-    )
+    )]
 
 
-def _local_ranks(ctx: Context) -> int:
-    hosts = {r.host for r in ctx.a.ranks if r.host}
-    return max(1, len(ctx.a.ranks) // max(1, len(hosts)))
+def _local_ranks(ctx: RuleContext) -> int:
+    hosts = {r.host for r in ctx.analysis.ranks if r.host}
+    return max(1, len(ctx.analysis.ranks) // max(1, len(hosts)))
 
 
-def gradient_accumulation(ctx: Context) -> Finding | None:
+def gradient_accumulation(ctx: RuleContext) -> list[Finding]:
     exposed = ctx.exposed_transfer()
-    acc = ctx.fw.get("grad_accumulation") or {}
+    acc = ctx.framework.get("grad_accumulation") or {}
     if exposed < 0.10 or not ctx.ddp or (acc.get("backwards_per_step") or 1) > 1:
-        return None
+        return []
     k = 4
     saving = exposed * (1 - 1 / k)
     batch = batch_change(ctx, k)
     grows = (f" (global batch {batch['global_batch_before']} -> {batch['global_batch_after']})"
              if batch["global_batch_before"] else f" (global batch {k}x)")
-    fabric_pkg = _lightning(ctx.fw)[1]
+    fabric_pkg = _lightning(ctx.framework)[1]
     forms = {
         "transformers": _hf(gradient_accumulation_steps=k),
-        "lightning": _trainer(ctx.fw, accumulate_grad_batches=k),
+        "lightning": _trainer(ctx.framework, accumulate_grad_batches=k),
         "lightning_fabric": Form(
             f"for i, batch in enumerate(loader):\n"
             f"    sync = (i + 1) % {k} == 0\n"
@@ -463,7 +420,7 @@ def gradient_accumulation(ctx: Context) -> Finding | None:
         "deepspeed": _ds({"gradient_accumulation_steps": k},
                          "if it sets train_batch_size, that must equal micro-batch x accumulation x ranks"),
     }
-    return Finding(
+    return [Finding(
         lever="gradient_accumulation",
         severity=_sev(exposed, 0.10, 0.20),
         title=f"communication not hidden by compute takes {exposed:.0%} of the step; accumulate {k} micro-batches "
@@ -484,18 +441,18 @@ def gradient_accumulation(ctx: Context) -> Finding | None:
             "doc": DOCS["no_sync"],
             "assumption": f"exposed communication paid once per {k} micro-batches, each as large as now",
         }, forms), batch),
-    )
+    )]
 
 
-def ddp_bucket_size(ctx: Context) -> Finding | None:
+def ddp_bucket_size(ctx: RuleContext) -> list[Finding]:
     d = ctx.ddp
     exposed = ctx.exposed_transfer()
     if not d or exposed < 0.05:
-        return None
+        return []
     sizes = d.get("bucket_sizes_bytes") or []
     total = sum(sizes)
     cap = d.get("bucket_cap_mb") or 25.0
-    ar = [c for c in ctx.a.collectives if c.op == "all_reduce" and c.calls]
+    ar = [c for c in ctx.analysis.collectives if c.op == "all_reduce" and c.calls]
     mean_bytes = sum(c.bytes for c in ar) / sum(c.calls for c in ar) if ar and any(c.bytes for c in ar) else None
     evidence = [ctx.exposed_words(),
                 f"bucket_cap_mb={cap:g}: {len(sizes)} bucket(s) of {', '.join(f'{b / 2**20:.1f}' for b in sizes)} MB"]
@@ -509,7 +466,7 @@ def ddp_bucket_size(ctx: Context) -> Finding | None:
         saving = exposed * 0.25
         evidence.append(f"{sum(c.calls for c in ar)} all-reduces in the window, mean {mean_bytes / 2**10:.0f} KB")
     else:
-        return None
+        return []
     kw: dict[str, Any] = {"bucket_cap_mb": new_cap}
     if not d.get("gradient_as_bucket_view"):
         kw["gradient_as_bucket_view"] = True
@@ -539,12 +496,12 @@ def ddp_bucket_size(ctx: Context) -> Finding | None:
     acc = _accelerate_ddp(acc_kw, "from accelerate.utils import DDPCommunicationHookType\n" if hook else "", rounded)
     forms = {
         "transformers": hf,
-        "lightning": _ddp_strategy(ctx.fw, "trainer", dict(kw, ddp_comm_hook=Expr("default_hooks.bf16_compress_hook"))
+        "lightning": _ddp_strategy(ctx.framework, "trainer", dict(kw, ddp_comm_hook=Expr("default_hooks.bf16_compress_hook"))
                                    if hook else kw, hook_import if hook else ""),
-        "lightning_fabric": _ddp_strategy(ctx.fw, "fabric", kw),
+        "lightning_fabric": _ddp_strategy(ctx.framework, "fabric", kw),
         "accelerate": acc,
     }
-    return Finding(
+    return [Finding(
         lever="ddp_bucket_size",
         severity=_sev(exposed, 0.10, 0.20),
         title=f"DDP buckets: {why}; try bucket_cap_mb={new_cap:.3g}",
@@ -554,15 +511,15 @@ def ddp_bucket_size(ctx: Context) -> Finding | None:
         action=in_framework(ctx, {"code": code, "doc": DOCS["ddp"],
                                   "assumption": "half of the exposed all-reduce overlaps the remaining backward pass"},
                             forms, [_set(TORCH_DDP, **kw)]),
-    )
+    )]
 
 
-def comm_overlap(ctx: Context) -> Finding | None:
+def comm_overlap(ctx: RuleContext) -> list[Finding]:
     exposed = ctx.exposed_transfer()
     hidden = ctx.share("comm_overlapped")
     if exposed < 0.10 or hidden > exposed or ctx.ddp:
-        return None  # DDP overlap is tuned through its buckets
-    fsdp = ctx.fw.get("fsdp")
+        return []  # DDP overlap is tuned through its buckets
+    fsdp = ctx.framework.get("fsdp")
     if fsdp:
         code = ("# FSDP2: prefetch the next layer's all-gather\n"
                 "for prev, nxt in zip(layers, layers[1:]):\n    prev.set_modules_to_forward_prefetch([nxt])\n"
@@ -572,7 +529,7 @@ def comm_overlap(ctx: Context) -> Finding | None:
         code = ("work = dist.all_reduce(tensor, async_op=True)  # start it early\n"
                 "# ... independent compute ...\nwork.wait()")
         doc = DOCS["sync"]
-    return Finding(
+    return [Finding(
         lever="comm_overlap",
         severity=_sev(exposed, 0.10, 0.20),
         title=f"{exposed:.0%} of the step is communication that nothing overlaps",
@@ -580,17 +537,17 @@ def comm_overlap(ctx: Context) -> Finding | None:
         ranks=[r.rank for r in ctx.ranks],
         est_saving_pct=_pct(min(exposed, ctx.share("compute")) * 0.5),
         action={"code": code, "doc": doc, "assumption": "half of the exposed communication hidden under compute"},
-    )
+    )]
 
 
 CPU_BF16_SPEEDUP = 2.0  # AMX bf16 GEMMs measured 3.6x fp32 on one core; half of it for whole layers
 
 
-def mixed_precision(ctx: Context) -> Finding | None:
-    amp = ctx.fw.get("amp") or {}
+def mixed_precision(ctx: RuleContext) -> list[Finding]:
+    amp = ctx.framework.get("amp") or {}
     if amp.get("autocast"):
-        return None
-    if not ctx.gpu:
+        return []
+    if not ctx.on_gpu:
         return _cpu_mixed_precision(ctx)
     gemm: dict[str, float] = {}
     window = 0.0
@@ -601,16 +558,16 @@ def mixed_precision(ctx: Context) -> Finding | None:
     slow = {k: v for k, v in gemm.items() if k in ("fp32", "tf32")}
     share = sum(slow.values()) / window if window else 0.0
     if share < 0.10:
-        return None
+        return []
     saving = sum(v / window * (1 - 1 / PRECISION_SPEEDUP[k]) for k, v in slow.items())
-    cap = (ctx.fw.get("device") or {}).get("capability") or ""
+    cap = (ctx.framework.get("device") or {}).get("capability") or ""
     dtype = "torch.bfloat16" if cap and cap >= "8" else "torch.float16"
     code = (f"with torch.autocast(device_type='cuda', dtype={dtype}):\n    loss = loss_fn(model(batch))\nloss.backward()")
     if dtype == "torch.float16":
         code = ("scaler = torch.amp.GradScaler()\nwith torch.autocast(device_type='cuda', dtype=torch.float16):\n"
                 "    loss = loss_fn(model(batch))\nscaler.scale(loss).backward()\nscaler.step(optimizer); scaler.update()")
     forms = _precision_forms(ctx, "bf16" if dtype == "torch.bfloat16" else "fp16")
-    return Finding(
+    return [Finding(
         lever="mixed_precision",
         severity=_sev(share, 0.10, 0.30),
         title=f"{share:.0%} of the step runs fp32/TF32 matrix multiplies without autocast",
@@ -621,33 +578,33 @@ def mixed_precision(ctx: Context) -> Finding | None:
         action=in_framework(ctx, {"code": code, "doc": DOCS["amp"],
                                   "assumption": "fp32 GEMMs run 4x and TF32 GEMMs 1.5x faster in bf16/fp16 "
                                                 "(half the peak ratios)"}, forms),
-    )
+    )]
 
 
-def _precision_forms(ctx: Context, half: str) -> dict[str, Form]:
+def _precision_forms(ctx: RuleContext, half: str) -> dict[str, Form]:
     """Mixed precision in each framework's words; `half` is "bf16" or "fp16" (the
     frameworks add the loss scaling fp16 needs themselves)."""
     return {
         "transformers": _hf(**{half: True}),
-        "lightning": _trainer(ctx.fw, precision=_lightning_precision(ctx.fw, half)),
-        "lightning_fabric": _fabric(ctx.fw, precision=_lightning_precision(ctx.fw, half)),
+        "lightning": _trainer(ctx.framework, precision=_lightning_precision(ctx.framework, half)),
+        "lightning_fabric": _fabric(ctx.framework, precision=_lightning_precision(ctx.framework, half)),
         "accelerate": _accelerator(mixed_precision=half),
         "deepspeed": _ds({half: {"enabled": True}}),
     }
 
 
-def _cpu_mixed_precision(ctx: Context) -> Finding | None:
+def _cpu_mixed_precision(ctx: RuleContext) -> list[Finding]:
     """CPUs with bf16 matrix units (AMX, AVX512-BF16) run bf16 GEMMs several times faster."""
-    dev = ctx.fw.get("device") or {}
-    dtypes = set(((ctx.fw.get("parameters") or {}).get("bytes_by_dtype") or {}))
+    dev = ctx.framework.get("device") or {}
+    dtypes = set(((ctx.framework.get("parameters") or {}).get("bytes_by_dtype") or {}))
     if not dev.get("bf16_matmul") or (dtypes and dtypes != {"torch.float32"}):
-        return None
+        return []
     window = sum(r.window_us for r in ctx.ranks)
     gemm = sum(float(r.ops.get("cpu_gemm_us") or 0.0) for r in ctx.ranks)
     share = gemm / window if window else 0.0
     if share < 0.10:
-        return None
-    return Finding(
+        return []
+    return [Finding(
         lever="mixed_precision",
         severity=_sev(share, 0.10, 0.30),
         title=f"{share:.0%} of the step is fp32 matrix multiplies on a CPU with bf16 matrix units",
@@ -659,26 +616,26 @@ def _cpu_mixed_precision(ctx: Context) -> Finding | None:
                                           "    loss = loss_fn(model(batch))\nloss.backward()",
                                   "doc": DOCS["amp"], "assumption": f"matmuls {CPU_BF16_SPEEDUP:g}x faster in bf16"},
                             _precision_forms(ctx, "bf16")),
-    )
+    )]
 
 
-def sharding(ctx: Context) -> Finding | None:
-    dev = ctx.fw.get("device") or {}
+def sharding(ctx: RuleContext) -> list[Finding]:
+    dev = ctx.framework.get("device") or {}
     total = dev.get("memory_budget_bytes") or dev.get("total_memory_bytes")
-    params = (ctx.fw.get("parameters") or {}).get("local_bytes") or 0
-    opt = sum(o.get("state_bytes") or 0 for o in ctx.fw.get("optimizers") or [])
+    params = (ctx.framework.get("parameters") or {}).get("local_bytes") or 0
+    opt = sum(o.get("state_bytes") or 0 for o in ctx.framework.get("optimizers") or [])
     if not total or not params:
-        return None
+        return []
     state = 2 * params + opt  # parameters, gradients, optimizer state (this rank's share)
-    peak = ctx.fw.get("peak_memory_reserved_bytes_max") or dev.get("max_memory_reserved_bytes") or 0
-    n = max(1, int(ctx.a.run.get("world_size") or 1))
+    peak = ctx.framework.get("peak_memory_reserved_bytes_max") or dev.get("max_memory_reserved_bytes") or 0
+    n = max(1, int(ctx.analysis.run.get("world_size") or 1))
     gb = 2**30
     where = ("the planned " if dev.get("memory_budget_bytes") else "") + (
         "host memory share" if dev.get("memory_is_host_share") and not dev.get("memory_budget_bytes") else "device")
     ev = [f"model state {state / gb:.2f} GB per rank (parameters {params / gb:.2f}, gradients {params / gb:.2f}, "
           f"optimizer {opt / gb:.2f}) on {where} of {total / gb:.1f} GB; peak {peak / gb:.2f} GB"]
-    if ctx.fw.get("fsdp") and state * n < 0.25 * total and ctx.exposed_transfer() >= 0.10:
-        return Finding(
+    if ctx.framework.get("fsdp") and state * n < 0.25 * total and ctx.exposed_transfer() >= 0.10:
+        return [Finding(
             lever="sharding", severity="medium",
             title="the whole model state fits one device: DDP would avoid FSDP's all-gathers",
             evidence=ev + [f"unsharded model state {state * n / gb:.2f} GB is under 25% of the device",
@@ -686,16 +643,16 @@ def sharding(ctx: Context) -> Finding | None:
             ranks=[], est_saving_pct=None,
             action=in_framework(ctx, {"code": "model = DistributedDataParallel(model)  # instead of fully_shard(model)",
                                       "doc": DOCS["ddp"]}, {
-                "lightning": _trainer(ctx.fw, strategy="ddp"),
-                "lightning_fabric": _fabric(ctx.fw, strategy="ddp"),
+                "lightning": _trainer(ctx.framework, strategy="ddp"),
+                "lightning_fabric": _fabric(ctx.framework, strategy="ddp"),
                 "transformers": Form("# drop fsdp=... and fsdp_config=... from TrainingArguments: the Trainer then "
                                      "wraps the model in DistributedDataParallel"),
                 "accelerate": Form("# drop fsdp_plugin=... from Accelerator(...) (and FSDP from the accelerate "
                                    "config): accelerator.prepare then wraps the model in DistributedDataParallel"),
             }),
-        )
-    if ctx.fw.get("fsdp") or (peak < 0.90 * total and state < 0.60 * total):
-        return None
+        )]
+    if ctx.framework.get("fsdp") or (peak < 0.90 * total and state < 0.60 * total):
+        return []
     if opt >= params and 2 * params + opt / n < 0.6 * total:
         stage, code = "ZeRO-1 (shard the optimizer state)", "# torch: ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW)"
         after, zero = 2 * params + opt / n, 1
@@ -706,23 +663,23 @@ def sharding(ctx: Context) -> Finding | None:
         stage, code = "FSDP / ZeRO-3 (shard parameters too)", "for block in model.blocks:\n    fully_shard(block)\nfully_shard(model)"
         after, zero = state / n, 3
     else:
-        return Finding(
+        return [Finding(
             lever="sharding", severity="high",
             title="model state does not fit even fully sharded: add tensor or pipeline parallelism",
             evidence=ev + [f"fully sharded over {n} ranks: {state / n / gb:.2f} GB per rank"],
             ranks=[], est_saving_pct=None, action={"doc": DOCS["fsdp"], "text": "split layers across devices (tensor/pipeline parallel)"},
-        )
-    return Finding(
+        )]
+    return [Finding(
         lever="sharding", severity="high" if peak >= 0.9 * total else "medium",
         title=f"device memory is the limit: {stage} frees room for larger batches",
         evidence=ev + [f"after sharding over {n} ranks: about {after / gb:.2f} GB of model state per rank"],
         ranks=[], est_saving_pct=None,
         action=in_framework(ctx, {"code": code, "doc": DOCS["zero"] if "ZeRO" in stage else DOCS["fsdp"]},
                             _sharding_forms(ctx, zero)),
-    )
+    )]
 
 
-def _sharding_forms(ctx: Context, zero: int) -> dict[str, Form]:
+def _sharding_forms(ctx: RuleContext, zero: int) -> dict[str, Form]:
     """ZeRO stage `zero` (3: parameters too, FSDP's full sharding) in each framework's words."""
     hf_ds = {"zero_optimization": {"stage": zero}, "train_micro_batch_size_per_gpu": "auto",
              "gradient_accumulation_steps": "auto", "train_batch_size": "auto"}
@@ -740,8 +697,8 @@ def _sharding_forms(ctx: Context, zero: int) -> dict[str, Form]:
         strategy = f"deepspeed_stage_{zero}"
     forms = {
         "transformers": _hf(deepspeed=hf_ds),
-        "lightning": _trainer(ctx.fw, strategy=strategy),
-        "lightning_fabric": _fabric(ctx.fw, strategy=strategy),
+        "lightning": _trainer(ctx.framework, strategy=strategy),
+        "lightning_fabric": _fabric(ctx.framework, strategy=strategy),
         "accelerate": acc,
     }
     uses_deepspeed = ("transformers",) if zero == 3 else ("transformers", "lightning", "lightning_fabric", "accelerate")
@@ -751,23 +708,23 @@ def _sharding_forms(ctx: Context, zero: int) -> dict[str, Form]:
     return forms
 
 
-def batch_size(ctx: Context) -> Finding | None:
-    dev = ctx.fw.get("device") or {}
+def batch_size(ctx: RuleContext) -> list[Finding]:
+    dev = ctx.framework.get("device") or {}
     total = dev.get("total_memory_bytes")
-    peak = ctx.fw.get("peak_memory_reserved_bytes_max") or 0
-    if not ctx.gpu or not total or not peak:
-        return None
+    peak = ctx.framework.get("peak_memory_reserved_bytes_max") or 0
+    if not ctx.on_gpu or not total or not peak:
+        return []
     busy = 1 - ctx.share("idle") - ctx.share("dataloader")
     if peak > 0.5 * total or busy >= 0.5:
-        return None
-    loaders = ctx.fw.get("dataloaders") or []
+        return []
+    loaders = ctx.framework.get("dataloaders") or []
     bs = (loader_batch(loaders[0]) if loaders and isinstance(loaders[0], dict) else None) or "B"
     new = bs * 2 if isinstance(bs, int) else Expr("...")
     forms = {"transformers": _hf(per_device_train_batch_size=new)}
     forms.update({name: _loader_form(where, {"batch_size": new}) for name, where in LOADER_PLACE.items()})
     if isinstance(new, int):
         forms["deepspeed"] = _ds({"train_micro_batch_size_per_gpu": new}, "if it sets train_batch_size, double that too")
-    return Finding(
+    return [Finding(
         lever="batch_size", severity="medium",
         title=f"the GPU is busy {busy:.0%} of the step and uses {peak / total:.0%} of its memory: a larger batch amortises overheads",
         evidence=[f"peak memory reserved {peak / 2**30:.1f} of {total / 2**30:.0f} GB", f"GPU busy {busy:.0%} of the profiled time"],
@@ -775,12 +732,12 @@ def batch_size(ctx: Context) -> Finding | None:
         action=_with_batch(in_framework(ctx, {
             "code": f"DataLoader(dataset, batch_size={bs if isinstance(bs, str) else bs * 2}, ...)",
             "assumption": "throughput per sample improves"}, forms), batch_change(ctx, 2)),
-    )
+    )]
 
 
-def sync_points(ctx: Context) -> Finding | None:
-    if not ctx.gpu:
-        return None
+def sync_points(ctx: RuleContext) -> list[Finding]:
+    if not ctx.on_gpu:
+        return []
     calls = steps = left_out = 0
     reducer = _reducer_item_reads(ctx)
     for r in ctx.ranks:
@@ -791,28 +748,28 @@ def sync_points(ctx: Context) -> Finding | None:
         steps += r.steps_profiled
     per_step = calls / steps if steps else 0.0
     if per_step < 2:
-        return None
+        return []
     evidence = [f"{calls} synchronising calls (cudaStreamSynchronize, cudaMemcpy, .item(), nonzero) in {steps} rank-steps"]
     if left_out:
         evidence.append(f"{left_out} .item() reads of DDP's used-parameter map left out (CPU memory: no GPU wait)")
-    return Finding(
+    return [Finding(
         lever="sync_points", severity="medium" if per_step >= 10 else "low",
         title=f"{per_step:.0f} host-GPU synchronisations per step stall the launch queue",
         evidence=evidence,
         ranks=[r.rank for r in ctx.ranks], est_saving_pct=None,
         action={"code": "# keep metrics on the GPU; read them every N steps\nrunning_loss += loss.detach()\n"
                         "if step % 50 == 0:\n    print(running_loss.item() / 50)", "doc": DOCS["sync"]},
-    )
+    )]
 
 
-def _find_unused_modules(ctx: Context) -> list[dict[str, Any]]:
+def _find_unused_modules(ctx: RuleContext) -> list[dict[str, Any]]:
     """DDP modules that search for unused parameters every iteration (find_unused_parameters
     without a static graph, which skips the search after its first iteration)."""
-    return [d for d in ctx.fw.get("ddp") or []
+    return [d for d in ctx.framework.get("ddp") or []
             if isinstance(d, dict) and d.get("find_unused_parameters") and not d.get("static_graph")]
 
 
-def _reducer_item_reads(ctx: Context) -> int:
+def _reducer_item_reads(ctx: RuleContext) -> int:
     """Operators per step with which DDP's reducer reads its map of used parameters under
     find_unused_parameters: one `.item()` per parameter tensor (counted once, as its
     aten::_local_scalar_dense). The map is in CPU memory, so they never wait for the GPU."""
@@ -853,12 +810,12 @@ def _sampled(iteration: int) -> str:
     return head + (f" and every 100th up to {iteration // 100 * 100}" if iteration >= 100 else "")
 
 
-def ddp_find_unused(ctx: Context) -> Finding | None:
+def ddp_find_unused(ctx: RuleContext) -> list[Finding]:
     """find_unused_parameters=True on a model that, by DDP's own record on every rank,
     uses all its parameters. No estimated saving: one run does not separate the search's
     cost (its per-parameter operators are small and the profiler inflates them), so the
     finding states the work DDP does and what DDP recorded."""
-    world = int(ctx.a.run.get("world_size") or len(ctx.a.ranks) or 0)
+    world = int(ctx.analysis.run.get("world_size") or len(ctx.analysis.ranks) or 0)
     found = []
     for d in _find_unused_modules(ctx):
         acr = d.get("across_ranks") or {}
@@ -870,7 +827,7 @@ def ddp_find_unused(ctx: Context) -> Finding | None:
             continue  # a rank that did not record it, or any unused parameter: the flag may be needed
         found.append((d, ranks, it))
     if not found:
-        return None
+        return []
     evidence = []
     for d, ranks, it in found:
         log = d.get("logging") or {}
@@ -883,12 +840,12 @@ def ddp_find_unused(ctx: Context) -> Finding | None:
             "(one more all_reduce per step) and reads it back per parameter")
         evidence.append(f"DDP recorded no unused parameter (unused_parameter_size 0) on all {ranks} rank"
                         f"{'s' if ranks != 1 else ''} at the iterations it samples: {_sampled(it)}")
-    name = framework_name(ctx.fw)
+    name = framework_name(ctx.framework)
     if name in FIND_UNUSED_ON:
         evidence.append(FIND_UNUSED_ON[name])
     off_kw = {"find_unused_parameters": False}
     lightning_note = '  # or strategy="ddp" instead of "ddp_find_unused_parameters_true"'
-    trainer, fabric = _ddp_strategy(ctx.fw, "trainer", off_kw), _ddp_strategy(ctx.fw, "fabric", off_kw)
+    trainer, fabric = _ddp_strategy(ctx.framework, "trainer", off_kw), _ddp_strategy(ctx.framework, "fabric", off_kw)
     acc = _accelerate_ddp(off_kw)
     forms = {
         "transformers": _hf(ddp_find_unused_parameters=False),
@@ -898,12 +855,12 @@ def ddp_find_unused(ctx: Context) -> Finding | None:
     }
     forms = {k: Form(f.code + "\n" + FIND_UNUSED_CAVEAT.format(static=STATIC_GRAPH[k]), f.settings)
              for k, f in forms.items()}
-    return Finding(
+    return [Finding(
         lever="ddp_find_unused",
         severity="low",
         title="DDP searches for unused parameters every step and found none: set find_unused_parameters=False",
         evidence=evidence,
-        ranks=[r.rank for r in ctx.a.ranks],
+        ranks=[r.rank for r in ctx.analysis.ranks],
         est_saving_pct=None,
         action=in_framework(ctx, {
             "code": "model = DistributedDataParallel(model, find_unused_parameters=False)  # the default\n"
@@ -913,22 +870,22 @@ def ddp_find_unused(ctx: Context) -> Finding | None:
                     "parameter used, it always finds nothing. Its cost is not estimated from one run: compare "
                     "the step time after the change (pardiag diff).",
         }, forms, [_set(TORCH_DDP, **off_kw)]),
-    )
+    )]
 
 
-def host_overhead(ctx: Context) -> Finding | None:
-    if not ctx.gpu:
-        return None
+def host_overhead(ctx: RuleContext) -> list[Finding]:
+    if not ctx.on_gpu:
+        return []
     idle = ctx.share("idle")
     p50s = [r.ops.get("compute_kernel_p50_us") for r in ctx.ranks if r.ops.get("compute_kernel_p50_us")]
     p50 = median(p50s)
     if idle < 0.20 or p50 is None or p50 >= 20:
-        return None
+        return []
     ev = [f"GPU idle {idle:.0%} of the profiled time", f"median compute kernel {p50:.0f} us"]
-    if ctx.a.hta:
-        host = sum(v.get("host_wait_us", 0.0) for v in (ctx.a.hta.get("idle_by_rank") or {}).values())
+    if ctx.analysis.hta:
+        host = sum(v.get("host_wait_us", 0.0) for v in (ctx.analysis.hta.get("idle_by_rank") or {}).values())
         ev.append(f"HTA: {host / 1000:.1f} ms of idle time is host wait (the CPU did not enqueue work)")
-    return Finding(
+    return [Finding(
         lever="host_overhead", severity=_sev(idle, 0.20, 0.40),
         title="the GPU waits for the CPU to launch many small kernels",
         evidence=ev, ranks=[r.rank for r in ctx.ranks], est_saving_pct=_pct(idle * 0.5),
@@ -936,39 +893,7 @@ def host_overhead(ctx: Context) -> Finding | None:
                                   "doc": DOCS["compile"],
                                   "assumption": "half of the idle time removed by fewer, larger kernels"},
                             {"transformers": _hf(torch_compile=True)}),
-    )
-
-
-RULES: tuple[tuple[str, Rule], ...] = (
-    ("straggler", straggler),
-    ("dataloader", dataloader),
-    ("gradient_accumulation", gradient_accumulation),
-    ("ddp_bucket_size", ddp_bucket_size),
-    ("ddp_find_unused", ddp_find_unused),
-    ("comm_overlap", comm_overlap),
-    ("mixed_precision", mixed_precision),
-    ("sharding", sharding),
-    ("batch_size", batch_size),
-    ("sync_points", sync_points),
-    ("host_overhead", host_overhead),
-)
-
-
-def advise(a: Analysis, extra: Sequence[Finding] = ()) -> Analysis:
-    """The Analysis with the findings of every rule (plus `extra`, e.g. from NCCL logs)
-    and the what-if projection."""
-    ctx = Context(a=a, fw=a.run.get("framework") or {})
-    findings = list(a.findings) + list(extra)
-    for _name, rule in RULES:
-        try:
-            f = rule(ctx)
-        except Exception as e:  # one rule's bug must not take the analysis down
-            a.notices.append(replace_notice(f"lever rule {_name} failed: {type(e).__name__}: {e}"))
-            continue
-        if f is not None:
-            findings.append(f)
-    findings.sort(key=rank_key)
-    return replace(a, findings=findings, what_if=what_if(ctx.step_us, findings))
+    )]
 
 
 SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2}
@@ -985,12 +910,6 @@ def rank_key(f: Finding) -> tuple[int, int, int, float]:
     blocking = 0 if f.lever == "sharding" and f.severity == "high" else 1
     semantic = 1 if f.lever in CHANGES_TRAINING else 0
     return (SEVERITY_ORDER.get(f.severity, 3), blocking, semantic, -(f.est_saving_pct or 0.0))
-
-
-def replace_notice(message: str) -> Any:
-    from pardiag.analysis import Notice
-
-    return Notice("warning", message)
 
 
 def what_if(step_us: float, findings: Sequence[Finding]) -> dict[str, Any] | None:

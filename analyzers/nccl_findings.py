@@ -1,11 +1,12 @@
 """NCCL findings from parsed logs: a table of small rule functions, and a hang diagnosis.
 
-Each rule takes an :class:`~pardiag.analyzers.nccl_log.NcclReport` and returns finding
-dicts in the shape of DESIGN.md's ``findings[]`` (lever ``nccl_env``)::
+Each rule is a row of the one registry (``analyzers.rules.RULES``, which orders them):
+it reads the parsed logs, ``ctx.nccl`` (an :class:`~pardiag.analyzers.nccl_log.NcclReport`),
+and returns its findings (lever ``nccl_env``), [] for none::
 
-    {"lever": "nccl_env", "severity": "high|medium|low", "title": str,
-     "evidence": [log lines and numbers, as text], "ranks": [int],
-     "est_saving_pct": None, "action": {"env": {VAR: value, or None to remove}, "doc": url}}
+    Finding(lever="nccl_env", severity="high|medium|low", title=str,
+            evidence=[log lines and numbers, as text], ranks=[int],
+            est_saving_pct=None, action={"env": {VAR: value, or None to remove}, "doc": url})
 
 ``est_saving_pct`` stays None: a log says what is misconfigured, not how much step time
 it costs (that needs the trace's communication time). Thresholds and recommendations
@@ -18,9 +19,10 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from dataclasses import asdict, replace
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
+from pardiag.analysis import Analysis, Finding, Severity
 from pardiag.analyzers.nccl_log import (
     Connection,
     NcclProcess,
@@ -30,7 +32,9 @@ from pardiag.analyzers.nccl_log import (
     net_plugin_of,
 )
 
-Finding = dict[str, Any]
+if TYPE_CHECKING:  # the registry imports this module
+    from pardiag.analyzers.rules import RuleContext
+
 ENV_DOC = "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html"
 TROUBLESHOOTING_DOC = "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html"
 TORCH_ENV_DOC = "https://pytorch.org/docs/stable/torch_nccl_environment_variables.html"
@@ -49,11 +53,11 @@ def env_doc(var: str) -> str:
     return f"{ENV_DOC}#{var.lower().replace('_', '-')}"
 
 
-def _finding(severity: str, title: str, evidence: Iterable[str], ranks: Iterable[int],
+def _finding(severity: Severity, title: str, evidence: Iterable[str], ranks: Iterable[int],
              env: dict[str, str | None], doc: str) -> Finding:
-    return {"lever": "nccl_env", "severity": severity, "title": title,
-            "evidence": list(dict.fromkeys(evidence))[:MAX_EVIDENCE], "ranks": sorted(set(ranks)),
-            "est_saving_pct": None, "action": {"env": env, "doc": doc}}
+    return Finding(lever="nccl_env", severity=severity, title=title,
+                   evidence=list(dict.fromkeys(evidence))[:MAX_EVIDENCE], ranks=sorted(set(ranks)),
+                   est_saving_pct=None, action={"env": env, "doc": doc})
 
 
 def _who(p: NcclProcess) -> str:
@@ -87,7 +91,7 @@ def _ib_hints(p: NcclProcess) -> list[str]:
     return hints
 
 
-def socket_fallback_with_ib(report: NcclReport) -> list[Finding]:
+def socket_fallback_with_ib(ctx: RuleContext) -> list[Finding]:
     """Inter-node traffic over TCP sockets although InfiniBand/RoCE is there.
 
     env_tuning.md §2 (``NCCL_IB_DISABLE``, ``NCCL_NET``) and §8 row "Using network Socket
@@ -96,6 +100,7 @@ def socket_fallback_with_ib(report: NcclReport) -> list[Finding]:
     interface, ``NCCL_IB_DISABLE`` not 0 or ``NCCL_NET=Socket``. Action: remove those
     overrides and set ``NCCL_NET=IB`` so a broken IB setup fails instead of falling back.
     """
+    report = ctx.nccl
     procs = [p for p in report.processes if p.fabric == "Socket" and _ib_hints(p)]
     if not procs or not _uses_network(report, procs):
         return []
@@ -151,7 +156,7 @@ def _p2p_symptom(report: NcclReport, procs: Sequence[NcclProcess]) -> tuple[dict
     return {}, []
 
 
-def p2p_shm_disabled(report: NcclReport) -> list[Finding]:
+def p2p_shm_disabled(ctx: RuleContext) -> list[Finding]:
     """GPU-to-GPU traffic inside a node goes through host memory or the NIC.
 
     env_tuning.md §3 (``NCCL_P2P_DISABLE``, ``NCCL_P2P_LEVEL``, ``NCCL_SHM_DISABLE``) and
@@ -162,6 +167,7 @@ def p2p_shm_disabled(report: NcclReport) -> list[Finding]:
     action removes the overrides. Without an override, SHM only fires (low) when the
     graph search shows NVLink paths, because PCIe topologies can legitimately need SHM.
     """
+    report = ctx.nccl
     hits = [(procs, *_p2p_symptom(report, procs)) for procs in _host_procs(report).values()]
     hits = [(procs, o, c) for procs, o, c in hits if o or c]
     if not hits:
@@ -171,7 +177,7 @@ def p2p_shm_disabled(report: NcclReport) -> list[Finding]:
     evidence = [f"{_who(p)} {k} set by environment to {v}" for procs, _, _ in hits for p in procs
                 for k, v in _p2p_overrides(p).items()]
     evidence += [f"{len(conns)} intra-node connections through host memory, e.g. {c.message}" for c in conns[:1]]
-    severity = "high" if overrides and conns else "medium" if overrides else "low"
+    severity: Severity = "high" if overrides and conns else "medium" if overrides else "low"
     what = "SHM" if overrides and set(overrides) == {"NCCL_SHM_DISABLE"} else "P2P"
     title = (f"{what} disabled by {', '.join(f'{k}={v}' for k, v in sorted(overrides.items()))}: "
              "intra-node traffic goes through host memory" if overrides
@@ -186,7 +192,7 @@ def _bad_bootstrap(p: NcclProcess) -> list[str]:
             if BAD_BOOTSTRAP_IF.match(i.name) or i.address.startswith(("127.", "fe80:"))]
 
 
-def bootstrap_on_loopback(report: NcclReport) -> list[Finding]:
+def bootstrap_on_loopback(ctx: RuleContext) -> list[Finding]:
     """Bootstrap (out-of-band) interface that other nodes cannot reach.
 
     env_tuning.md §2 ``NCCL_SOCKET_IFNAME`` (a) and §8 row "Bootstrap … Using lo: / docker0
@@ -195,6 +201,7 @@ def bootstrap_on_loopback(report: NcclReport) -> list[Finding]:
     multi-node job; low on one node, where it works but cannot scale out. Action: remove
     ``NCCL_SOCKET_IFNAME`` when it forced the choice, else exclude those interfaces.
     """
+    report = ctx.nccl
     procs = [p for p in report.processes if _bad_bootstrap(p)]
     if not procs:
         return []
@@ -225,7 +232,7 @@ def _gdr_env(procs: Sequence[NcclProcess], no_gdr: Sequence[Connection]) -> dict
     return {}
 
 
-def ib_without_gdrdma(report: NcclReport) -> list[Finding]:
+def ib_without_gdrdma(ctx: RuleContext) -> list[Finding]:
     """InfiniBand/RoCE connections without GPU Direct RDMA (data bounces through host memory).
 
     env_tuning.md §4 (``NCCL_NET_GDR_LEVEL``, ``NCCL_NET_GDR_READ``) and §8 row "IB/RoCE net
@@ -235,6 +242,7 @@ def ib_without_gdrdma(report: NcclReport) -> list[Finding]:
     NCCL says GDR was refused for distance, ``NCCL_NET_GDR_READ=1`` when only sends lack
     it (pre-Ampere), else none: load ``nvidia-peermem`` or enable dmabuf.
     """
+    report = ctx.nccl
     ib_procs = [p for p in report.processes if any(_ib_family(c) for c in p.connections)
                 or (p.fabric in ("IB", "RoCE") and any(c.gdr == 0 for c in p.connected if c.gdr is not None))]
     conns = [c for p in ib_procs for c in p.connections if _ib_family(c)]
@@ -245,7 +253,7 @@ def ib_without_gdrdma(report: NcclReport) -> list[Finding]:
     evidence = [f"{len(no_gdr)} of {len(conns)} IB connections without /GDRDMA"] if conns else []
     evidence += [c.message for c in no_gdr[:2]] + [f"{_who(p)} Connected all rings, GDR 0" for p in ring_off]
     evidence += [n for p in ib_procs for n in p.gdr_notes if "Disabled" in n]
-    severity = "high" if len(no_gdr) == len(conns) else "medium"
+    severity: Severity = "high" if len(no_gdr) == len(conns) else "medium"
     procs = [p for p in ib_procs if any(not c.gdr for c in p.connections if _ib_family(c))] + ring_off
     return [_finding(severity, "InfiniBand without GPU Direct RDMA: transfers are staged through host memory",
                      evidence, _ranks(procs), _gdr_env(ib_procs, no_gdr), env_doc("NCCL_NET_GDR_LEVEL"))]
@@ -277,7 +285,7 @@ def _minority_ranks(report: NcclReport, values: dict[str, set[str]]) -> list[int
     return [r for h in report.hosts if h.host in odd for r in h.ranks]
 
 
-def version_mismatch(report: NcclReport) -> list[Finding]:
+def version_mismatch(ctx: RuleContext) -> list[Finding]:
     """NCCL, net plugin or network differing between hosts (or processes of one host).
 
     env_tuning.md §8 row "version/plugin differs between hosts; Mismatched NCCL version;
@@ -286,6 +294,7 @@ def version_mismatch(report: NcclReport) -> list[Finding]:
     and the ``Using network`` name per host; also fires on NCCL's own "Mismatched NCCL
     version" warning. Always high: mixed installs hang or crash at init.
     """
+    report = ctx.nccl
     checks = (("NCCL version", _host_versions(report)),
               ("net plugin", _host_values(report, net_plugin_of)),
               ("network", _host_values(report, lambda p: p.network)))
@@ -320,15 +329,17 @@ def _stale(p: NcclProcess) -> dict[str, str]:
     return {k: p.env[k] for k, default in STALE_DEFAULTS.items() if k in p.env and p.env[k] != default}
 
 
-def stale_overrides(report: NcclReport) -> list[Finding]:
+def stale_overrides(ctx: RuleContext) -> list[Finding]:
     """Debugging work-arounds left set: ``NCCL_ALGO``, ``NCCL_PROTO``, ``NCCL_P2P_DISABLE``,
     ``NCCL_IB_DISABLE``.
 
     env_tuning.md introduction ("should not be used in production nor retained in
     scripts") and §5 (``NCCL_ALGO``, ``NCCL_PROTO``), §3, §2. Fires on any value of
     ALGO/PROTO and on the DISABLE flags unless they are ``0``. Medium; action removes them.
-    ``nccl_findings`` drops a variable here when a symptom rule already removes it.
+    A variable that a finding of an earlier row already removes (``ctx.earlier``: the
+    symptom rules come first in the registry) is left out: one action per variable.
     """
+    report = ctx.nccl
     procs = [p for p in report.processes if _stale(p)]
     if not procs:
         return []
@@ -336,8 +347,17 @@ def stale_overrides(report: NcclReport) -> list[Finding]:
     evidence = [f"{_who(p)} {k} set by environment to {v}" for p in procs for k, v in _stale(p).items()]
     title = f"Work-around override{'s' if len(found) > 1 else ''} left set: " + ", ".join(
         f"{k}={v}" for k, v in sorted(found.items()))
-    return [_finding("medium", title, evidence, _ranks(procs), {k: None for k in sorted(found)},
-                     env_doc(sorted(found)[0]))]
+    f = _finding("medium", title, evidence, _ranks(procs), {k: None for k in sorted(found)}, env_doc(sorted(found)[0]))
+    return _without_covered(f, ctx.earlier)
+
+
+def _without_covered(f: Finding, earlier: Sequence[Finding]) -> list[Finding]:
+    covered = {k for e in earlier if e.lever == "nccl_env" for k, v in e.action.get("env", {}).items() if v is None}
+    env = {k: v for k, v in f.action["env"].items() if k not in covered}
+    if not env:
+        return []
+    evidence = [e for e in f.evidence if any(k in e for k in env)]
+    return [replace(f, evidence=evidence, action={**f.action, "env": env})]
 
 
 PHASE_MEANING: dict[str, str] = {
@@ -371,7 +391,7 @@ def _jit_hint(p: NcclProcess) -> list[str]:
             "the build's kernels makes the driver JIT-compile them from PTX at init"]
 
 
-def slow_init(report: NcclReport) -> list[Finding]:
+def slow_init(ctx: RuleContext) -> list[Finding]:
     """Slow communicator init, with the phase that dominates.
 
     ``Init timings`` lines (NCCL 2.22+, formats.md §10, seconds) slower than
@@ -381,6 +401,7 @@ def slow_init(report: NcclReport) -> list[Finding]:
     driver (PTX JIT). Action: ``CUDA_MODULE_LOADING=LAZY`` for ``kernels`` when NCCL
     was built before CUDA 12.2 (lazy loading is the default from 12.2), else a doc link.
     """
+    report = ctx.nccl
     slow = [(p, t) for p in report.processes for t in p.init_timings if t.total_s >= SLOW_INIT_S]
     if not slow:
         return []
@@ -395,7 +416,7 @@ def slow_init(report: NcclReport) -> list[Finding]:
         env["CUDA_MODULE_LOADING"] = "LAZY"
     title = (f"Communicator init takes {worst.total_s:g} s, {share:.0%} of it in '{phase}': "
              f"{PHASE_MEANING.get(phase, 'see NCCL init timings')}")
-    severity = "high" if worst.total_s >= VERY_SLOW_INIT_S else "medium"
+    severity: Severity = "high" if worst.total_s >= VERY_SLOW_INIT_S else "medium"
     return [_finding(severity, title, evidence, [t.rank for _, t in slow if t.rank is not None], env,
                      PHASE_DOC.get(phase, TROUBLESHOOTING_DOC))]
 
@@ -430,7 +451,7 @@ def _nic_names(procs: Sequence[NcclProcess]) -> str:
     return ", ".join(sorted(names))
 
 
-def few_channels(report: NcclReport) -> list[Finding]:
+def few_channels(ctx: RuleContext) -> list[Finding]:
     """Too few channels (or NICs left idle) on multi-NIC nodes.
 
     env_tuning.md §5 ``NCCL_MIN_NCHANNELS`` ("raising NCCL_MIN_NCHANNELS (e.g. ≥ 2 × NICs
@@ -440,6 +461,7 @@ def few_channels(report: NcclReport) -> list[Finding]:
     lines use fewer NICs than listed. Medium. Action: remove ``NCCL_MAX_NCHANNELS`` /
     ``NCCL_MAX_CTAS`` when they cap it, else ``NCCL_MIN_NCHANNELS`` = 2 × NICs.
     """
+    report = ctx.nccl
     if not report.multi_node:
         return []
     shortfalls = [_channel_shortfall(report, h.host) for h in report.hosts]
@@ -448,7 +470,7 @@ def few_channels(report: NcclReport) -> list[Finding]:
         return []
     nics = max(n for n, _, _ in hits)
     procs = [p for _, _, ps in hits for p in ps]
-    caps = {k: None for p in procs for k in ("NCCL_MAX_NCHANNELS", "NCCL_MAX_CTAS") if k in p.env}
+    caps: dict[str, str | None] = {k: None for p in procs for k in ("NCCL_MAX_NCHANNELS", "NCCL_MAX_CTAS") if k in p.env}
     env: dict[str, str | None] = dict(caps) or {"NCCL_MIN_NCHANNELS": str(CHANNELS_PER_NIC * nics)}
     return [_finding("medium", f"Few channels for {nics} NICs per node: inter-node bandwidth is capped",
                      [e for _, ev, _ in hits for e in ev], _ranks(procs), env, env_doc("NCCL_MIN_NCHANNELS"))]
@@ -467,7 +489,7 @@ def _to_int(text: str | None, default: int) -> int:
     return int(text) if text and text.lstrip("-").isdigit() else default
 
 
-def socket_threading(report: NcclReport) -> list[Finding]:
+def socket_threading(ctx: RuleContext) -> list[Finding]:
     """Socket transport on fast Ethernet with NCCL's default (single-threaded) sockets.
 
     env_tuning.md §6 ``NCCL_SOCKET_NTHREADS`` / ``NCCL_NSOCKS_PERTHREAD`` ("Using network
@@ -477,6 +499,7 @@ def socket_threading(report: NcclReport) -> list[Finding]:
     ``SOCKET_PRODUCT_MIN`` = 16. Skipped when the topology dump shows NICs below 25 Gb/s;
     medium when it shows ≥ 25 Gb/s, low when the link speed is unknown.
     """
+    report = ctx.nccl
     if not report.multi_node:
         return []
     procs = [p for p in report.processes if p.fabric == "Socket" and _socket_product(p) < SOCKET_PRODUCT_MIN]
@@ -491,46 +514,13 @@ def socket_threading(report: NcclReport) -> list[Finding]:
                      env_doc("NCCL_SOCKET_NTHREADS"))]
 
 
-@dataclass(frozen=True)
-class FindingRule:
-    """One row of the rule table."""
+def nccl_findings(report: NcclReport) -> list[dict[str, Any]]:
+    """The NCCL rows of the registry on `report` alone, in registry order, as JSON
+    (DESIGN.md's ``findings[]``; the Analysis' own findings come from `rules.advise`)."""
+    from pardiag.analyzers.rules import RuleContext, run_rules
 
-    name: str
-    check: Callable[[NcclReport], list[Finding]]
-
-
-RULES: tuple[FindingRule, ...] = (
-    FindingRule("socket_fallback_with_ib", socket_fallback_with_ib),
-    FindingRule("p2p_shm_disabled", p2p_shm_disabled),
-    FindingRule("bootstrap_on_loopback", bootstrap_on_loopback),
-    FindingRule("ib_without_gdrdma", ib_without_gdrdma),
-    FindingRule("version_mismatch", version_mismatch),
-    FindingRule("slow_init", slow_init),
-    FindingRule("few_channels", few_channels),
-    FindingRule("socket_threading", socket_threading),
-    FindingRule("stale_overrides", stale_overrides),  # last: see nccl_findings
-)
-
-
-def nccl_findings(report: NcclReport) -> list[Finding]:
-    """All rules in table order. A stale-override finding keeps only the variables no
-    earlier finding already removes (one action per variable)."""
-    out: list[Finding] = []
-    for rule in RULES:
-        for f in rule.check(report):
-            kept = _without_covered(f, out) if rule.name == "stale_overrides" else f
-            if kept is not None:
-                out.append(kept)
-    return out
-
-
-def _without_covered(f: Finding, earlier: Sequence[Finding]) -> Finding | None:
-    covered = {k for e in earlier for k, v in e["action"].get("env", {}).items() if v is None}
-    env = {k: v for k, v in f["action"]["env"].items() if k not in covered}
-    if not env:
-        return None
-    evidence = [e for e in f["evidence"] if any(k in e for k in env)]
-    return {**f, "evidence": evidence, "action": {**f["action"], "env": env}}
+    ctx = RuleContext(Analysis(run={}, ranks=[], collectives=[], stragglers=[]), nccl=report)
+    return [asdict(f) for f in run_rules(ctx, family="nccl")]
 
 
 # --------------------------------------------------------------------------- hang diagnosis

@@ -51,9 +51,9 @@ def readvise(a: Analysis) -> Analysis:
     """An Analysis of schema 1, upgraded: its advisor's findings (and what-if) recomputed
     from the summary, so that they use the figures every report shows; findings from
     the NCCL logs and GPU telemetry, which no rule recomputes, are kept as they were."""
-    from pardiag.analyzers.levers import RULES, advise
+    from pardiag.analyzers.rules import RULES, advise
 
-    by_rules = {name for name, _ in RULES}
+    by_rules = {row.lever for row in RULES if row.family == "lever"}
     return advise(replace(a, findings=[]), extra=[f for f in a.findings if f.lever not in by_rules])
 
 

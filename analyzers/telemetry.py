@@ -6,7 +6,11 @@ described in :mod:`pardiag.rundir`. A GPU shared by several ranks is counted
 once. Units in the block: ratios 0..1, bytes, MHz, W, °C, GB/s (10^9 bytes/s), µs.
 NVML's PCIe figures are KB/s, taken as 1,000 bytes; its NVLink counters are KiB.
 
-Thresholds used by :func:`gpu_health_findings`:
+The ``gpu_health`` rules (:func:`throttling`, :func:`slow_peer`, :func:`memory_headroom`)
+are rows of the one registry (``analyzers.rules.RULES``), run once per judged GPU
+(``ctx.gpu``, compared with ``ctx.gpu_peers``; see :func:`judged_gpus`) with the
+stragglers at hand; each returns its finding about that GPU, or none.
+Thresholds:
 
 - ``THROTTLE_MIN_SHARE`` (5%): a GPU whose clocks were held down by a thermal or power
   reason (``SLOWDOWN_REASONS``) in at least this share of its busy samples
@@ -36,12 +40,14 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from pardiag import rundir
+from pardiag.analysis import Finding, Severity
 from pardiag.rundir import RunDir, RunDirError, normalise_uuid, read_telemetry
 
-Finding = dict[str, Any]
+if TYPE_CHECKING:  # the registry imports this module
+    from pardiag.analyzers.rules import RuleContext
 
 THROTTLE_MIN_SHARE = 0.05
 THROTTLE_HIGH_SHARE = 0.25
@@ -330,10 +336,10 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def _finding(severity: str, title: str, evidence: list[str], ranks: Iterable[int],
+def _finding(severity: Severity, title: str, evidence: list[str], ranks: Iterable[int],
              est: float | None, action: dict[str, Any]) -> Finding:
-    return {"lever": "gpu_health", "severity": severity, "title": title, "evidence": evidence,
-            "ranks": sorted(set(ranks)), "est_saving_pct": est, "action": action}
+    return Finding(lever="gpu_health", severity=severity, title=title, evidence=evidence,
+                   ranks=sorted(set(ranks)), est_saving_pct=est, action=action)
 
 
 def _straggler_note(g: dict[str, Any], stragglers: Sequence[int]) -> list[int]:
@@ -348,7 +354,7 @@ def _throttling(g: dict[str, Any], peers: Sequence[dict[str, Any]], stragglers: 
     seen = {k: v for k, v in g["throttle_share"].items() if k in SLOWDOWN_REASONS}
     names = sorted(seen, key=lambda k: (-seen[k], k))
     serious = bool(THERMAL_REASONS.union(HARDWARE_REASONS).intersection(seen))
-    severity = ("high" if share >= THROTTLE_HIGH_SHARE else "medium") if serious else "low"
+    severity: Severity = ("high" if share >= THROTTLE_HIGH_SHARE else "medium") if serious else "low"
     evidence = [f"{k} in {_pct(seen[k])} of {g['clock_event_samples']} samples" for k in names]
     evidence.append(f"clocks held down in {_pct(share)} of the {g['busy_samples']} samples in which the GPU was busy")
     est = None
@@ -414,7 +420,7 @@ def _slow_peer(g: dict[str, Any], peers: Sequence[dict[str, Any]], stragglers: S
     if linked:
         title += f"; rank {', '.join(map(str, linked))} is the straggler"
         evidence.append("the step-time analysis found this rank to be the straggler: this GPU explains it")
-    severity = "high" if linked else "medium" if clock is not None else "low"
+    severity: Severity = "high" if linked else "medium" if clock is not None else "low"
     if clock is not None:
         action = {"code": f"# compare clocks and limits with the other GPUs\nnvidia-smi -q -d CLOCK,PERFORMANCE -i {g['gpu']}",
                   "doc": CLOCK_EVENTS_DOC}
@@ -424,7 +430,7 @@ def _slow_peer(g: dict[str, Any], peers: Sequence[dict[str, Any]], stragglers: S
     return [_finding(severity, title, evidence, g.get("ranks") or [], est if clock is not None else None, action)]
 
 
-def _memory(g: dict[str, Any], peers: Sequence[dict[str, Any]], stragglers: Sequence[int]) -> list[Finding]:
+def _memory_headroom(g: dict[str, Any], peers: Sequence[dict[str, Any]], stragglers: Sequence[int]) -> list[Finding]:
     """Peak memory used within HEADROOM_MIN_RATIO of the GPU's total."""
     ratio = g.get("memory_headroom_ratio")
     if ratio is None or ratio >= HEADROOM_MIN_RATIO:
@@ -445,22 +451,30 @@ def _memory(g: dict[str, Any], peers: Sequence[dict[str, Any]], stragglers: Sequ
     return [_finding("medium", title, evidence, g.get("ranks") or [], None, action)]
 
 
-RULES = (_throttling, _slow_peer, _memory)
-
-
-def gpu_health_findings(block: dict[str, Any], stragglers: list[int]) -> list[dict[str, Any]]:
-    """`gpu_health` findings (DESIGN.md findings[] dicts) from a `telemetry_block`;
-    `stragglers` are the ranks the step-time analysis named. Thresholds: module doc."""
+def judged_gpus(block: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(the GPUs judged, the peers they are compared with): the job's GPUs (those matched
+    to a rank) when any was matched, else every sampled GPU; peers only when at least two
+    GPUs of the job have enough samples."""
     gpus = [g for g in block.get("gpus") or [] if g.get("samples", 0) >= 1]
     if any(g.get("ranks") for g in gpus):  # GPUs no rank used are not the job's business
         gpus = [g for g in gpus if g.get("ranks")]
     peers = [g for g in gpus if g.get("ranks") and g["samples"] >= MIN_SAMPLES]
-    if len(peers) < 2:
-        peers = []
-    out: list[Finding] = []
-    for g in gpus:
-        for rule in RULES:
-            out.extend(rule(g, peers, stragglers))
-    order = {"high": 0, "medium": 1, "low": 2}
-    out.sort(key=lambda f: (order.get(f["severity"], 3), -(f["est_saving_pct"] or 0.0)))
-    return out
+    return gpus, peers if len(peers) >= 2 else []
+
+
+# Per-GPU rules: the registry runs them once per judged GPU (`ctx.gpu`, {} for none).
+
+
+def throttling(ctx: RuleContext) -> list[Finding]:
+    """The GPU's clocks held down by a thermal or power reason (see `_throttling`)."""
+    return _throttling(ctx.gpu, ctx.gpu_peers, ctx.straggler_ranks)
+
+
+def slow_peer(ctx: RuleContext) -> list[Finding]:
+    """The GPU slower or less used than the job's other GPUs (see `_slow_peer`)."""
+    return _slow_peer(ctx.gpu, ctx.gpu_peers, ctx.straggler_ranks)
+
+
+def memory_headroom(ctx: RuleContext) -> list[Finding]:
+    """The GPU ran close to the end of its memory (see `_memory_headroom`)."""
+    return _memory_headroom(ctx.gpu, ctx.gpu_peers, ctx.straggler_ranks)

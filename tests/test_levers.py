@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from pardiag.analysis import Analysis, RankResult, StepTime, Straggler
-from pardiag.analyzers.levers import advise, what_if
+from pardiag.analyzers.levers import what_if
+from pardiag.analyzers.rules import advise
 
 MB = 2**20
 GB = 2**30

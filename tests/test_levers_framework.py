@@ -21,7 +21,8 @@ import torch
 
 from pardiag.analysis import Analysis, Finding, from_dict
 from pardiag.analyzers.analyze import _framework
-from pardiag.analyzers.levers import DS_CONFIG, advise
+from pardiag.analyzers.levers import DS_CONFIG
+from pardiag.analyzers.rules import advise
 from test_levers import GB, MB, analysis, rank
 
 FORMS = ("transformers", "lightning", "lightning_fabric", "accelerate", "deepspeed")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -17,7 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pardiag.analyzers.nccl_findings import RULES, coll_laggards, hang_diagnosis, nccl_findings
+from pardiag.analysis import Analysis
+from pardiag.analyzers.nccl_findings import coll_laggards, hang_diagnosis, nccl_findings
 from pardiag.analyzers.nccl_log import (
     MESSAGE_RULES,
     Interface,
@@ -32,12 +34,21 @@ from pardiag.analyzers.nccl_log import (
     strip_wrappers,
     version_text,
 )
+from pardiag.analyzers.rules import RULES, Row, RuleContext
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "nccl"
 LOGS = REFERENCE / "logs"
 needs_logs = pytest.mark.skipif(not LOGS.is_dir(), reason="reference NCCL logs not present (shared/reference/nccl)")
 
-RULE = {r.name: r.check for r in RULES}
+def _alone(row: Row) -> Callable[[NcclReport], list[dict[str, Any]]]:
+    """An NCCL row of the registry on a report alone, its findings as JSON."""
+    def check(report: NcclReport) -> list[dict[str, Any]]:
+        ctx = RuleContext(Analysis(run={}, ranks=[], collectives=[], stragglers=[]), nccl=report)
+        return [asdict(f) for f in row.check(ctx)]
+    return check
+
+
+RULE = {row.name: _alone(row) for row in RULES if row.family == "nccl"}
 
 
 def ref(prefix: str) -> NcclLog:

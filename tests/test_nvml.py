@@ -14,7 +14,7 @@ import threading
 import time
 import types
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -22,10 +22,11 @@ import pynvml
 import pytest
 
 from pardiag import rundir
+from pardiag.analysis import Analysis, Straggler
+from pardiag.analyzers.rules import RuleContext, ordered, run_rules
 from pardiag.analyzers.telemetry import (
     CLOCK_EVENT_REASONS,
     decode_clock_events,
-    gpu_health_findings,
     telemetry_block,
 )
 from pardiag.collectors import nvml
@@ -33,6 +34,14 @@ from pardiag.collectors.nvml_metrics import METRICS, NVML_CALLS
 from pardiag.collectors.nvml_sampler import MAX_CONSECUTIVE_FAILURES
 from pardiag.collectors.telemetry_split import gpu_of_rank, split_by_rank
 from pardiag.rundir import RunDir
+
+def gpu_health_findings(block: dict[str, Any], stragglers: list[int]) -> list[dict[str, Any]]:
+    """The registry's GPU health rows on a telemetry block, ordered as the Analysis orders
+    them, as JSON; `stragglers` are the ranks the step-time analysis named."""
+    named = [Straggler(rank=r, excess_us_per_step=0.0, cause="test", evidence=[]) for r in stragglers]
+    ctx = RuleContext(Analysis(run={}, ranks=[], collectives=[], stragglers=named), telemetry=block)
+    return [asdict(f) for f in ordered(run_rules(ctx, family="telemetry"))]
+
 
 GIB = 1024**3
 UUID0 = "GPU-0a1b2c3d-0000-4000-8000-00000000000a"

@@ -26,7 +26,7 @@ from rich.console import Console
 
 from pardiag.analysis import SCHEMA_VERSION, Analysis, RankResult, StepTime, Straggler, from_dict
 from pardiag.analyzers.diff import RunInput, diff_runs
-from pardiag.analyzers.levers import advise
+from pardiag.analyzers.rules import advise
 from pardiag.analyzers.scaling import scaling
 from pardiag.analyzers.steps import percentile
 from pardiag.analyzers.summary import build_summary
