@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterator, Literal, Mapping, Protocol, Sequence
 
-from pardiag.analysis import Analysis, Finding, Lever, Notice, RankResult
+from pardiag.analysis import LEVERS, Analysis, Finding, Lever, Notice, RankResult
 from pardiag.analyzers import levers, nccl_findings
 from pardiag.analyzers import telemetry as gpu_health
 from pardiag.analyzers.levers import rank_key, what_if
@@ -136,6 +136,10 @@ class Row:
     lever: Lever
     check: Rule
     per: Literal["job", "gpu"] = "job"
+
+    def __post_init__(self) -> None:
+        if self.lever not in LEVERS:  # the type is closed at run time too
+            raise ValueError(f"unknown lever id {self.lever!r}; known: {', '.join(LEVERS)}")
 
 
 RULES: tuple[Row, ...] = (
