@@ -58,7 +58,7 @@ def bootstrap_median_ci(xs: list[float], n: int = 2000, seed: int = 0) -> tuple[
 
 
 def test_finding_on_a_model_that_uses_every_parameter_and_the_measured_cost(tmp_path: Path) -> None:
-    run, doc = pardiag_run(tmp_path, "both", "--find-unused", "both", "--steps", "180")
+    run, doc = pardiag_run(tmp_path, "both", "--find-unused", "both", "--steps", "400")
     mods = doc["run"]["framework"]["ddp"]
     assert [m["find_unused_parameters"] for m in mods] == [False, True]
     # every rank's DDP recorded the model's parameters all used
