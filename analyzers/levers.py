@@ -571,7 +571,7 @@ def mixed_precision(ctx: RuleContext) -> list[Finding]:
         lever="mixed_precision",
         severity=_sev(share, 0.10, 0.30),
         title=f"{share:.0%} of the step runs fp32/TF32 matrix multiplies without autocast",
-        evidence=[f"GEMM kernel time by precision: " + ", ".join(f"{k} {v / 1000:.1f} ms" for k, v in sorted(gemm.items())),
+        evidence=["GEMM kernel time by precision: " + ", ".join(f"{k} {v / 1000:.1f} ms" for k, v in sorted(gemm.items())),
                   "no autocast seen in forward"],
         ranks=[r.rank for r in ctx.ranks],
         est_saving_pct=_pct(saving),

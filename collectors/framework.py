@@ -516,12 +516,6 @@ class Framework:
 # -- helpers ------------------------------------------------------------------------------
 
 
-def _autocast_dtype(dev: str) -> Any:
-    if hasattr(torch, "get_autocast_dtype"):
-        return torch.get_autocast_dtype(dev)
-    return torch.get_autocast_gpu_dtype() if dev == "cuda" else torch.get_autocast_cpu_dtype()
-
-
 def _ctx_name(ctx: Any) -> str | None:
     if ctx is None:
         return None

@@ -24,8 +24,6 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from pardiag import rundir
 from pardiag.redact import redact_argv
 from pardiag.collectors.bootstrap import ENV_RUN_DIR, _PostImportFinder

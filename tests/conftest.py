@@ -51,3 +51,13 @@ def read_steps(path: Path) -> list[dict[str, Any]]:
 @pytest.fixture
 def tiny_script() -> Path:
     return SCRIPTS / "tiny_ddp.py"
+
+
+@pytest.fixture(scope="session")
+def python_without_torch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real interpreter that cannot import torch (a bare virtual environment)."""
+    env = tmp_path_factory.mktemp("bare") / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True, timeout=120)
+    python = env / "bin" / "python"
+    assert subprocess.run([str(python), "-c", "import torch"], capture_output=True).returncode != 0
+    return python

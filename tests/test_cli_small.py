@@ -23,16 +23,6 @@ from conftest import pardiag_cmd
 TRACES = Path(__file__).resolve().parent / "data" / "cpu-2rank"  # plain torch.profiler traces, 2 ranks
 
 
-@pytest.fixture(scope="module")
-def python_without_torch(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real interpreter that cannot import torch (a bare virtual environment)."""
-    env = tmp_path_factory.mktemp("bare") / "env"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True, timeout=120)
-    python = env / "bin" / "python"
-    assert subprocess.run([str(python), "-c", "import torch"], capture_output=True).returncode != 0
-    return python
-
-
 @pytest.fixture
 def traces(tmp_path: Path) -> Path:
     """A copy of the traces, so that nothing is written next to the test data."""

@@ -178,16 +178,6 @@ def test_analysis_commands_import_no_torch(tmp_path: Path) -> None:
 # -- `pardiag run`: torch in the job's Python ------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def python_without_torch(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real interpreter that cannot import torch (a bare virtual environment)."""
-    env = tmp_path_factory.mktemp("bare") / "env"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True, timeout=120)
-    python = env / "bin" / "python"
-    assert subprocess.run([str(python), "-c", "import torch"], capture_output=True).returncode != 0
-    return python
-
-
 def _script(path: Path, text: str) -> Path:
     path.write_text(text)
     path.chmod(0o755)

@@ -8,7 +8,6 @@ from textual.app import ComposeResult
 from textual.widgets import Static
 
 from pardiag import style
-from pardiag.analysis import Analysis
 from pardiag.tui import format as fmt
 from pardiag.tui.screens.base import PardiagScreen, Sortable
 from pardiag.tui.widgets.labels import Caption, Heading
