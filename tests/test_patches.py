@@ -156,6 +156,26 @@ def test_ddp_built_with_keywords_is_seen_and_still_pickles(fw, pg) -> None:
     assert fw.errors == []
 
 
+def test_objects_created_before_the_collector_installs_are_seen(pg) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DataLoader
+
+    ddp = DistributedDataParallel(torch.nn.Linear(4, 1))
+    loader = DataLoader(list(range(6)), batch_size=3)
+    it = iter(loader)  # an iterator made before, too
+    f = Framework(lambda *_: None)
+    f.install()
+    try:
+        assert next(it).tolist() == [0, 1, 2]
+        ddp(torch.randn(2, 4)).sum().backward()
+        assert [b.tolist() for b in loader] == [[0, 1, 2], [3, 4, 5]]
+        assert f.ddp[0]() is ddp and f.counters.forwards == 1 and f.counters.backwards == 1
+        assert f.counters.data_calls == 4  # the old iterator's next, then 2 batches + StopIteration
+        assert next(iter(f.loaders.values()))["iterations_started"] == 1
+    finally:
+        f.uninstall()
+
+
 def _train(seed: int) -> list[float]:
     from torch.utils.data import DataLoader, TensorDataset
 
