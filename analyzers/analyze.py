@@ -141,6 +141,8 @@ def analyze_path(
 ) -> Analysis:
     """`path` None: only the NCCL logs are read (a user who has nothing else)."""
     notices: list[Notice] = []
+    run: rundir.RunDir | None
+    inputs: list[RankInput]
     if path is None:
         if not nccl_logs:
             raise UserError("nothing to analyse: give a run directory, a trace folder or file, or --nccl-log FILE")
@@ -260,7 +262,7 @@ def _hta(inputs: list[RankInput], summaries: dict[int, TraceSummary], notices: l
     from pardiag.analyzers.hta_engine import hta_summary
 
     try:
-        return hta_summary(gpu)  # type: ignore[arg-type]
+        return hta_summary(gpu)
     except Exception as e:  # HTA's own failure must not lose pardiag's analysis
         notices.append(Notice("error", f"--hta: HTA failed: {type(e).__name__}: {str(e)[:300]}"))
         return None
@@ -482,7 +484,7 @@ def _plain_run_info(inputs: list[RankInput], ranks: Sequence[RankResult]) -> dic
     it): backend, NCCL version, the node's devices, the hosts; the device type from
     `deviceProperties` (Kineto lists the GPUs there), else from what the ranks ran on."""
     heads = [i.head for i in inputs if i.head]
-    info = next((h["distributedInfo"] for h in heads if isinstance(h.get("distributedInfo"), dict)), {})
+    info: dict[str, Any] = next((h["distributedInfo"] for h in heads if isinstance(h.get("distributedInfo"), dict)), {})
     props = next((h["deviceProperties"] for h in heads if h.get("deviceProperties")), None)
     devices = [d for d in props if isinstance(d, dict)] if isinstance(props, list) else []
     out: dict[str, Any] = {}
@@ -549,10 +551,11 @@ def _framework(metas: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     if not present:
         return None
     first = present[min(present)]
-    out = {k: copy.deepcopy(first.get(k)) for k in FRAMEWORK_KEYS}
+    out: dict[str, Any] = {k: copy.deepcopy(first.get(k)) for k in FRAMEWORK_KEYS}
     peaks = [((m.get("device") or {}).get("max_memory_reserved_bytes") or 0) for m in present.values()]
     out["peak_memory_reserved_bytes_max"] = max(peaks) if any(peaks) else None
-    ident = first.get("framework") if isinstance(first.get("framework"), dict) else {}
+    fw = first.get("framework")
+    ident: dict[str, Any] = fw if isinstance(fw, dict) else {}
     out["name"] = ident.get("name") if isinstance(ident.get("name"), str) else None
     out["version"] = ident.get("version") if isinstance(ident.get("version"), str) else None
     out["detected_from"] = ident.get("detected_from")

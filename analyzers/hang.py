@@ -49,7 +49,7 @@ def diagnose(
     if not stuck:
         return None
     step = min(int(e.get("step") or 0) for e in stuck.values())
-    waited = []
+    waited: list[dict[str, Any]] = []
     for r, e in sorted(stuck.items()):
         msg = str(e.get("message", ""))
         ms = _WAIT_MS.search(msg)
@@ -75,7 +75,7 @@ def diagnose(
                 + (f": its last finished step is {last}" if last is not None else ": it finished no step")
                 + ("" if ex.get("status") not in ("running", None) else "; it was killed or is still running"),
             })
-    ops = sorted({w["op"] for w in waited if w["op"]})
+    ops = sorted({str(w["op"]) for w in waited if w["op"]})
     summary = (
         f"rank(s) {', '.join(str(w['rank']) for w in waited)} timed out in a collective"
         + (f" ({', '.join(ops)})" if ops else "")

@@ -19,10 +19,13 @@ them gone filter before calling.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
-Array = npt.NDArray[np.generic]
+# Integer or float timestamps: the arithmetic works on either, so the dtype stays open
+Array = npt.NDArray[Any]
 Intervals = tuple[Array, Array]
 
 

@@ -115,7 +115,7 @@ def event_kinds(name_ids: npt.NDArray[np.integer], cat_ids: npt.NDArray[np.integ
     used = np.flatnonzero(np.bincount(name_ids, minlength=len(names)))
     table = np.full(len(names), KernelKind.COMPUTATION, dtype=np.int8)
     table[used] = classify_names([names[i] for i in used.tolist()], rules)
-    kinds = table[name_ids]
+    kinds: npt.NDArray[np.int8] = table[name_ids]
     if memory_by_category:
         memory_cats = [i for i, c in enumerate(cats) if c in MEMORY_CATEGORIES]
         if memory_cats:

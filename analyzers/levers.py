@@ -877,7 +877,7 @@ def host_overhead(ctx: RuleContext) -> list[Finding]:
     if not ctx.on_gpu:
         return []
     idle = ctx.share("idle")
-    p50s = [r.ops.get("compute_kernel_p50_us") for r in ctx.ranks if r.ops.get("compute_kernel_p50_us")]
+    p50s = [float(v) for r in ctx.ranks if (v := r.ops.get("compute_kernel_p50_us"))]
     p50 = median(p50s)
     if idle < 0.20 or p50 is None or p50 >= 20:
         return []

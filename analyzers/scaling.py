@@ -98,7 +98,7 @@ def scaling(runs: Sequence[tuple[str, Analysis]]) -> ScalingResult:
         if row[2] <= 0:
             return None
         samples = row[4] if row[4] else row[1]
-        return samples / (row[2] / 1e6)
+        return float(samples / (row[2] / 1e6))
 
     x0 = throughput(base)
     points = []

@@ -130,7 +130,7 @@ def find_stragglers(evidence: Mapping[int, RankEvidence]) -> list[Straggler]:
 def _cause(candidate: int, evidence: Mapping[int, RankEvidence], have_window: bool) -> tuple[str, dict[str, float]]:
     if have_window:
         per = {r: _per_step(ev) for r, ev in evidence.items()}
-        keys = ("dataloader", "forward", "backward", "optimizer", "other")
+        keys: tuple[str, ...] = ("dataloader", "forward", "backward", "optimizer", "other")
     else:
         per = {r: _host_medians(ev) for r, ev in evidence.items()}
         keys = ("dataloader", "forward", "optimizer")

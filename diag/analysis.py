@@ -14,9 +14,14 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping, get_args
+from typing import TYPE_CHECKING, Any, Literal, Mapping, TypeVar, get_args
 
 from pardiag.errors import UserError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+_D = TypeVar("_D", bound="DataclassInstance")
 
 SCHEMA = "pardiag.analysis"
 SCHEMA_VERSION = 2
@@ -253,7 +258,7 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
-def _build(cls: type, d: Mapping[str, Any]) -> Any:
+def _build(cls: type[_D], d: Mapping[str, Any]) -> _D:
     known = {f.name: f for f in fields(cls)}
     return cls(**{k: v for k, v in d.items() if k in known})
 
