@@ -1,5 +1,5 @@
 """Terminal summary of an Analysis (rich). Reads only the Analysis; the job-level
-figures are its `summary`, worded as in every report (`report_md.headline`)."""
+figures are its `summary`, worded as in every report (`display.headline`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,20 @@ from rich.table import Table
 from rich.text import Text
 
 from pardiag.analysis import Analysis, RankResult
+from pardiag.display import (
+    action_env_text,
+    exposed_words,
+    headline,
+    job_step_words,
+    ms,
+    ordered_collectives,
+    ordered_findings,
+    ordered_stragglers,
+    pct,
+    per_step_us,
+    share,
+    step_words,
+)
 
 MAX_RANK_ROWS = 16
 CATEGORY_LABELS = (
@@ -21,14 +35,6 @@ CATEGORY_LABELS = (
     ("dataloader", "data"),
     ("idle", "idle"),
 )
-
-
-def _ms(us: float | None, digits: int = 1) -> str:
-    return "-" if us is None else f"{us / 1000:.{digits}f}"
-
-
-def _pct(part: float, whole: float) -> str:
-    return "-" if whole <= 0 else f"{part / whole:.0%}"
 
 
 def _rows_to_show(ranks: Sequence[RankResult], straggler_ranks: set[int]) -> list[RankResult]:
@@ -52,11 +58,9 @@ def rank_table(a: Analysis) -> Table:
         t.add_column(label, justify="right")
     t.add_column("wait", justify="right")
     for r in shown:
-        w = r.window_us
-        cells = [_pct(r.breakdown_us.get(k, 0.0), w) for k, _ in CATEGORY_LABELS]
+        cells = [pct(share(r, k)) for k, _ in CATEGORY_LABELS]
         mark = Text(str(r.rank), style="bold red" if r.rank in stragglers else "")
-        wait = _ms(r.wait_us / r.steps_profiled) if r.steps_profiled else "-"
-        t.add_row(mark, _ms(r.step_time_us.p50), *cells, wait)
+        t.add_row(mark, ms(r.step_time_us.p50), *cells, ms(per_step_us(r, r.wait_us)))
     return t
 
 
@@ -64,14 +68,14 @@ def collective_table(a: Analysis, limit: int = 10) -> Table:
     t = Table(title="collectives in the profiled window", title_justify="left", caption="transfer: shortest duration across ranks; wait: the rest (mean over ranks)", caption_justify="left")
     for col in ("op", "group", "calls", "MB", "transfer ms", "wait ms", "busbw GB/s"):
         t.add_column(col, justify="left" if col in ("op", "group") else "right", overflow="fold")
-    for c in a.collectives[:limit]:
+    for c in ordered_collectives(a)[:limit]:
         t.add_row(
             c.op,
             c.process_group,
             str(c.calls),
             f"{c.bytes / 1e6:.1f}" if c.bytes else "-",
-            _ms(c.transfer_us),
-            _ms(c.wait_us),
+            ms(c.transfer_us),
+            ms(c.wait_us),
             f"{c.busbw_gbps:.2f}" if c.busbw_gbps is not None else "-",
         )
     return t
@@ -93,7 +97,7 @@ def print_nccl(a: Analysis, console: Console) -> None:
 
 
 def print_findings(a: Analysis, console: Console, limit: int = 8) -> None:
-    shown = a.findings[:limit]  # already ranked, most important first
+    shown = ordered_findings(a)[:limit]
     console.print(Text(f"what to change ({len(a.findings)} finding{'s' if len(a.findings) != 1 else ''})", style="bold"))
     for f in shown:
         style = {"high": "bold red", "medium": "yellow", "low": "dim"}.get(f.severity, "")
@@ -101,16 +105,15 @@ def print_findings(a: Analysis, console: Console, limit: int = 8) -> None:
         console.print(Text.assemble((f"[{f.severity}] ", style), f"{f.lever}: {f.title}{saving}"))
         for ev in f.evidence[:2]:
             console.print(Text(f"    {ev}", style="dim"))
-        for k, v in sorted((f.action.get("env") or {}).items()):
-            console.print(Text(f"    {'unset ' + k if v is None else f'export {k}={v}'}", style="cyan"))
+        if f.action.get("env"):
+            for line in action_env_text(f.action["env"]).splitlines():
+                console.print(Text(f"    {line}", style="cyan"))
         if f.action.get("code"):
             for line in str(f.action["code"]).splitlines()[:6]:
                 console.print(Text(f"    {line}", style="cyan"))
 
 
 def print_headline(a: Analysis, console: Console) -> None:
-    from pardiag.report_md import exposed_words, headline, job_step_words, step_words
-
     h = headline(a)
     console.print(Text(f"median step time: {step_words(h)}", style="bold"))
     if (job := job_step_words(h)) is not None:
@@ -131,7 +134,7 @@ def print_summary(a: Analysis, console: Console | None = None, next_for: str | N
         print_headline(a, console)
         console.print(rank_table(a))
     if a.stragglers:
-        for s in a.stragglers:
+        for s in ordered_stragglers(a):
             console.print(Text.assemble(("straggler: ", "bold red"), f"rank {s.rank} works "
                                         f"{s.excess_us_per_step / 1000:.1f} ms per step longer than the others; cause: {s.cause}"))
             for line in s.evidence:
@@ -143,7 +146,7 @@ def print_summary(a: Analysis, console: Console | None = None, next_for: str | N
     for g in a.process_groups:
         if len(a.process_groups) > 1:
             console.print(Text(f"group {g.name} ({g.desc or 'no description'}): {g.role}, size {g.size}, "
-                               f"{_ms(g.total_us)} ms in collectives, {_ms(g.wait_us)} ms waiting"))
+                               f"{ms(g.total_us)} ms in collectives, {ms(g.wait_us)} ms waiting"))
     if a.hang:
         console.print(Text("hang: " + a.hang["summary"], style="bold red"))
         for w in a.hang.get("waited", []):

@@ -10,7 +10,6 @@ the page only through autoescaping (template) or `html.escape` + plotly's JSON e
 from __future__ import annotations
 
 import html
-import json
 import re
 import shlex
 from dataclasses import dataclass
@@ -24,18 +23,24 @@ from plotly.offline import get_plotlyjs
 
 from pardiag import style
 from pardiag.analysis import Analysis, Collective, Finding, RankResult
-from pardiag.report_md import (
-    PERCENTILES,
+from pardiag.display import (
     WORST_N,
     action_env_text,
     clip,
+    fact_text,
+    gpu_split,
     headline,
     job_step_words,
     ms,
+    ordered_collectives,
     ordered_findings,
+    ordered_notices,
+    ordered_stragglers,
     pct,
-    per_step_us,
     quantile,
+    per_step_us,
+    percentile_rows,
+    rank_cells,
     rank_ranges,
     share,
     step_us,
@@ -156,15 +161,7 @@ def gpu_figure(a: Analysis) -> go.Figure | None:
     if not ranks:
         return None
 
-    def parts(r: RankResult) -> dict[str, float]:
-        g = r.gpu
-        assert g is not None
-        busy = g.compute_us + g.comm_us - g.overlap_us
-        return {"compute_only": g.compute_us - g.overlap_us, "overlap": g.overlap_us,
-                "comm_only": g.comm_us - g.overlap_us, "memory": max(0.0, g.span_us - g.idle_us - busy),
-                "idle": g.idle_us}
-
-    shares = [{k: 100.0 * max(0.0, v) / (r.gpu.span_us if r.gpu else 1.0) for k, v in parts(r).items()} for r in ranks]
+    shares = [{k: 100.0 * max(0.0, v) / g.span_us for k, v in gpu_split(g).items()} for r in ranks if (g := r.gpu)]
     series = [Series(style.GPU_LABELS[k], style.GPU_COLOURS[k], [s[k] for s in shares]) for k in style.GPU_LABELS]
     return _per_rank_figure(ranks, series, "%", "% of the GPU timeline (first to last kernel)")
 
@@ -212,7 +209,7 @@ def _collective_labels(cs: Sequence[Collective]) -> list[str]:
 
 
 def collectives_figure(a: Analysis) -> go.Figure | None:
-    top = top_collectives(a)[:TOP_COLLECTIVES_CHART]
+    top = ordered_collectives(a)[:TOP_COLLECTIVES_CHART]
     if not top:
         return None
     labels = _collective_labels(top)
@@ -258,58 +255,19 @@ def figures(a: Analysis) -> dict[str, Markup]:
 # -- tables and facts for the template ----------------------------------------------------------
 
 
-def top_collectives(a: Analysis) -> list[Collective]:
-    return sorted(a.collectives, key=lambda c: (-c.total_us, c.op, c.process_group))
-
-
 def _rank_row(r: RankResult, stragglers: set[int]) -> dict[str, Any]:
-    st = r.step_time_us
+    p50, p90, mx, prof, *shares, wait = rank_cells(r)
     return {
         "rank": r.rank, "host": r.host or "?", "straggler": r.rank in stragglers,
-        "p50": ms(st.p50), "p90": ms(st.p90), "max": ms(st.max), "n": st.n,
-        "prof": ms(per_step_us(r, r.window_us)), "steps": r.steps_profiled,
-        "shares": [pct(share(r, k)) for k in style.CATEGORY_LABELS],
-        "wait": ms(per_step_us(r, r.wait_us)),
+        "p50": p50, "p90": p90, "max": mx, "n": r.step_time_us.n,
+        "prof": prof, "steps": r.steps_profiled, "shares": shares, "wait": wait,
         "trace": "complete" if r.trace_complete else ("partial" if r.trace else "none"),
     }
 
 
-def _percentile_rows(ranks: Sequence[RankResult]) -> list[dict[str, Any]]:
-    getters: list[tuple[Callable[[RankResult], float | None], Callable[[float | None], str]]] = [
-        (lambda r: r.step_time_us.p50, ms), (lambda r: r.step_time_us.p90, ms), (lambda r: r.step_time_us.max, ms),
-        (lambda r: per_step_us(r, r.window_us), ms),
-        *((lambda r, k=k: share(r, k), pct) for k in style.CATEGORY_LABELS),
-        (lambda r: per_step_us(r, r.wait_us), ms),
-    ]
-    rows = []
-    for name, q in PERCENTILES:
-        cells = [fmt(quantile([v for r in ranks if (v := get(r)) is not None], q)) for get, fmt in getters]
-        rows.append({"name": name, "cells": cells})
-    return rows
-
-
-def _fact_text(key: str, v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, (int, float)):
-        if key.endswith("_us"):
-            return f"{v / 1000:,.2f} ms"
-        return str(v) if isinstance(v, int) else f"{v:.4g}"
-    if isinstance(v, list) and v and all(type(x) is int for x in v) and all(a < b for a, b in zip(v, v[1:])):
-        return clip(rank_ranges(v), 300)  # increasing integers (rank lists): as ranges, losslessly
-    if isinstance(v, list) and all(not isinstance(x, (dict, list)) for x in v):
-        shown = ", ".join(str(x) for x in v[:20])
-        return clip(shown + (f", … ({len(v)} in all)" if len(v) > 20 else ""), 300)
-    if isinstance(v, (dict, list)):
-        return clip(json.dumps(v, sort_keys=True, default=str), 300)
-    return clip(v, 300)
-
-
 def _fact_table(rows: list[Mapping[str, Any]]) -> dict[str, Any]:
     columns = sorted({str(k) for row in rows[:20] for k in row})[:8]
-    body = [[clip(_fact_text(c, row.get(c)), 80) for c in columns] for row in rows[:20]]
+    body = [[clip(fact_text(c, row.get(c), 300), 80) for c in columns] for row in rows[:20]]
     return {"columns": columns, "rows": body, "more": max(0, len(rows) - 20)}
 
 
@@ -329,7 +287,7 @@ def generic_facts(d: Mapping[str, Any], prefix: str = "", depth: int = 0) -> lis
             lines = [clip(x, 300) for x in v[:20]] + ([f"… {len(v) - 20} more"] if len(v) > 20 else [])
             out.append({"key": key, "text": None, "lines": lines, "table": None})
         else:
-            out.append({"key": key, "text": _fact_text(str(k), v), "lines": None, "table": None})
+            out.append({"key": key, "text": fact_text(str(k), v, 300), "lines": None, "table": None})
     return out[:MAX_FACTS]
 
 
@@ -388,7 +346,7 @@ def _context(a: Analysis) -> dict[str, Any]:
     straggler_ranks = {s.rank for s in a.stragglers}
     many = len(a.ranks) > BAR_RANKS
     findings = ordered_findings(a)
-    collectives = top_collectives(a)
+    collectives = ordered_collectives(a)
     extra = [(name, title, d) for name, title, d in (
         ("nccl", "NCCL", a.nccl), ("telemetry", "GPU telemetry", a.telemetry),
         ("scaling", "Scaling", a.scaling or {}), ("hta", "HTA cross-check", a.hta or {}),
@@ -399,13 +357,13 @@ def _context(a: Analysis) -> dict[str, Any]:
                                          str(a.run.get("backend") or ""), str(a.run.get("device_type") or "")) if x),
         "colours": style, "many": many,
         "rank_rows": [_rank_row(r, straggler_ranks) for r in (worst_ranks(a, WORST_N) if many else a.ranks)],
-        "percentile_rows": _percentile_rows(a.ranks) if many else [],
+        "percentile_rows": [{"name": n, "cells": c} for n, c in percentile_rows(a.ranks)] if many else [],
         "untimed": sum(1 for r in a.ranks if step_us(r) is None),
-        "stragglers": sorted(a.stragglers, key=lambda s: (-s.excess_us_per_step, s.rank))[:MAX_TABLE_ROWS],
+        "stragglers": ordered_stragglers(a)[:MAX_TABLE_ROWS],
         "findings": [_finding_view(n, f) for n, f in enumerate(findings)],
         "collectives": collectives[:MAX_TABLE_ROWS], "collectives_total": len(collectives),
         "groups": [(g, rank_ranges(g.ranks)) for g in a.process_groups[:MAX_TABLE_ROWS]],
-        "notices": sorted(a.notices, key=lambda n: {"error": 0, "warning": 1}.get(n.level, 2))[:MAX_NOTICES],
+        "notices": ordered_notices(a)[:MAX_NOTICES],
         "notices_shown": NOTICES_SHOWN,
         "extra": [(name, title, facts) for name, title, d in extra if (facts := generic_facts(d))],
         "charts": figures(a),

@@ -1,8 +1,8 @@
 """Numbers, bars and badges as rich Text for the TUI.
 
 Colours and labels come from `pardiag.style`, the same table the HTML report uses; the
-numbers every report headlines come from `pardiag.report_md`, so that the TUI, the
-markdown and the HTML agree. Pure functions: no textual import here.
+numbers, rows and fact formatting come from `pardiag.display`, as in every report, so
+that the TUI, the markdown and the HTML agree. Pure functions: no textual import here.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from rich.text import Text
 
 from pardiag import style
 from pardiag.analysis import RankResult
-from pardiag.report_md import clip, ms, pct, per_step_us, rank_ranges, share, step_us
+from pardiag.display import clip, fact_text, gpu_split, ms, pct, per_step_us, rank_ranges, share, step_us
 
 __all__ = [
-    "clip", "ms", "pct", "per_step_us", "rank_ranges", "share", "step_us",
+    "clip", "ms", "pct", "per_step_us", "rank_ranges", "share", "step_us", "gpu_split",
     "Segment", "stacked", "draw", "breakdown_bar", "legend", "severity_badge", "heat_style",
-    "mb", "value_text", "numeric_series", "sparkline_text", "spread",
+    "mb", "fact_text", "numeric_series", "sparkline_text", "spread",
 ]
 
 Segment = tuple[float, float, str]  # start, end, colour (hex)
@@ -135,29 +135,6 @@ def spread(r: RankResult) -> float | None:
     if st.p50 is None or st.max is None or st.p50 <= 0:
         return None
     return st.max / st.p50 - 1.0
-
-
-def value_text(key: str, v: Any) -> str:
-    """A free-form fact for people: _us as ms, _bytes as MB, ratios as %, rank lists as ranges."""
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, (int, float)):
-        if key.endswith("_us"):
-            return f"{v / 1000:,.2f} ms"
-        if key.endswith("_bytes"):
-            return f"{v / 1e6:,.1f} MB"
-        if "_ratio" in key or key.endswith("_share"):
-            return f"{v:.0%}"
-        return f"{v:,}" if isinstance(v, int) else f"{v:,.4g}"
-    if isinstance(v, list) and v and all(type(x) is int for x in v):
-        return rank_ranges(v)
-    if isinstance(v, list):
-        return clip(", ".join(str(x) for x in v), 200)
-    if isinstance(v, dict):
-        return clip(", ".join(f"{k} {value_text(key, x)}" for k, x in v.items()), 200)
-    return clip(v, 200)
 
 
 def numeric_series(d: Mapping[str, Any], prefix: str = "", depth: int = 0) -> dict[str, list[float]]:

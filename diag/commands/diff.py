@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from pardiag import rundir
 from pardiag.errors import UserError
-from pardiag.report_md import md_text, ms, pct
+from pardiag.display import ms, pct
+from pardiag.report_md import md_table, md_text
 
 if TYPE_CHECKING:  # numpy stays out of the CLI's start-up
     from pardiag.analyzers.diff import DiffResult, FindingChange, RunInput
@@ -183,11 +184,9 @@ def _grew(d: DiffResult) -> str:
 
 def render_markdown(d: DiffResult) -> str:
     """A PR-comment-sized summary; every string from a run (labels, ops, titles) is escaped."""
-    from pardiag.report_md import _table
-
     out = [f"**pardiag diff: {md_text(verdict_line(d), 400)}**", "",
            f"BASE: {md_text(d.base_label)} · HEAD: {md_text(d.head_label)}", ""]
-    out += [*_table(("step time", "BASE", "HEAD", "change"), _step_rows(d)), ""]
+    out += [*md_table(("step time", "BASE", "HEAD", "change"), _step_rows(d)), ""]
     grew = _grew(d)
     if grew:
         out += [f"**Where the time per step grew (profiled window):** {md_text(grew, 400)}", ""]
@@ -196,13 +195,13 @@ def render_markdown(d: DiffResult) -> str:
     cats = _category_rows(d)
     if cats:
         out += ["### Breakdown per profiled step", ""]
-        out += [*_table(("category", "BASE share", "HEAD share", "BASE ms", "HEAD ms", "change ms"), cats), ""]
+        out += [*md_table(("category", "BASE share", "HEAD share", "BASE ms", "HEAD ms", "change ms"), cats), ""]
     phases = _phase_rows(d)
     if phases:
-        out += [*_table(("phase", "BASE ms", "HEAD ms", "change ms"), phases), ""]
+        out += [*md_table(("phase", "BASE ms", "HEAD ms", "change ms"), phases), ""]
     if d.collectives:
         out += ["### Collectives per profiled step (BASE / HEAD)", ""]
-        out += [*_table(("op", "group", "calls", "MB", "transfer ms", "wait ms"), _collective_rows(d, lambda s: md_text(s, 60)),
+        out += [*md_table(("op", "group", "calls", "MB", "transfer ms", "wait ms"), _collective_rows(d, lambda s: md_text(s, 60)),
                         right_from=2), ""]
     if d.notes:
         out += ["### Notes", "", *(f"- {md_text(n, 400)}" for n in d.notes[:MAX_NOTES]), ""]

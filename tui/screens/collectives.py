@@ -10,6 +10,7 @@ from textual.widgets import Static
 
 from pardiag import style
 from pardiag.analysis import Analysis, Collective
+from pardiag.display import ordered_collectives
 from pardiag.tui import format as fmt
 from pardiag.tui.messages import TableViewChanged
 from pardiag.tui.screens.base import PardiagScreen
@@ -20,11 +21,6 @@ from pardiag.tui.widgets.table import Column, SortableTable
 SPLIT_BAR = 13
 HEAT_COLUMNS = 60
 GROUP_LINES = 4
-
-
-def top_collectives(a: Analysis) -> list[Collective]:
-    """Most time first; the position is the collective's number (#1, #2 …) on this screen."""
-    return sorted(a.collectives, key=lambda c: (-c.total_us, c.op, c.process_group))
 
 
 def split_bar(c: Collective) -> Text:
@@ -81,7 +77,7 @@ class CollectivesScreen(PardiagScreen):
 
     def __init__(self, analysis: Analysis) -> None:
         super().__init__(analysis)
-        self.collectives = top_collectives(analysis)
+        self.collectives = ordered_collectives(analysis)  # the position is the collective's number (#1, #2 …)
         self.number = {id(c): i + 1 for i, c in enumerate(self.collectives)}
 
     def compose_body(self) -> ComposeResult:

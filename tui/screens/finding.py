@@ -13,7 +13,7 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 
 from pardiag.analysis import Analysis, Finding
-from pardiag.report_md import action_env_text, ordered_findings
+from pardiag.display import action_env_text, ordered_findings
 from pardiag.tui import format as fmt
 from pardiag.tui.screens.base import PardiagScreen
 from pardiag.tui.widgets.section import Section

@@ -12,7 +12,7 @@ from textual.widgets import DataTable, Static
 
 from pardiag import style
 from pardiag.analysis import Analysis, Finding
-from pardiag.report_md import ordered_findings
+from pardiag.display import ordered_findings, ordered_notices
 from pardiag.tui import format as fmt
 from pardiag.tui.messages import OpenFinding
 from pardiag.tui.screens.base import PardiagScreen
@@ -61,9 +61,8 @@ def preview(f: Finding | None, full: bool) -> RenderableType:
 def notices(a: Analysis) -> RenderableType:
     if not a.notices:
         return Text("no notices: every expected input was there", style="green")
-    order = sorted(a.notices, key=lambda n: {"error": 0, "warning": 1}.get(n.level, 2))
     return Group(*(Text.assemble((f"{n.level}: ", f"bold {style.NOTICE_COLOURS.get(n.level, '')}"), n.message)
-                   for n in order))
+                   for n in ordered_notices(a)))
 
 
 class FindingsScreen(PardiagScreen):

@@ -15,7 +15,7 @@ from textual.widgets import Static
 
 from pardiag import style
 from pardiag.analysis import Analysis
-from pardiag.report_md import action_env_text, ordered_findings
+from pardiag.display import action_env_text, ordered_findings
 from pardiag.tui import format as fmt
 from pardiag.tui.screens.base import PardiagScreen
 from pardiag.tui.widgets.drawn import Drawn
@@ -71,7 +71,7 @@ def _ranks_table(rows: list[Mapping[str, Any]]) -> Table:
         t.add_column(c.replace("_", " "), justify="left" if text else "right",
                      min_width=min(24, longest) if text else None)
     for row in rows[:MAX_LINES]:
-        t.add_row(*(Text(fmt.value_text(c, row.get(c))) for c in cols))
+        t.add_row(*(Text(fmt.fact_text(c, row.get(c))) for c in cols))
     return t
 
 
@@ -85,7 +85,7 @@ def hang(h: Mapping[str, Any]) -> RenderableType:
         parts.append(Text.assemble(("first error: ", "bold"), str(h["first_error"])))
     for key, what in (("never_arrived", "never arrived"), ("coll_laggards", "behind")):
         if h.get(key):
-            parts.append(Text.assemble((f"ranks {what}: ", "bold"), fmt.value_text(key, h[key])))
+            parts.append(Text.assemble((f"ranks {what}: ", "bold"), fmt.fact_text(key, h[key])))
     if h.get("ranks_stuck"):
         parts += [Text("where each rank stopped", style="bold"), _ranks_table(list(h["ranks_stuck"]))]
     if h.get("collect_next"):

@@ -12,7 +12,7 @@ from textual.widgets import DataTable, Static
 
 from pardiag import style
 from pardiag.analysis import Analysis, RankResult
-from pardiag.report_md import headline, job_step_words, ordered_findings, quantile
+from pardiag.display import headline, job_step_words, ordered_findings, quantile
 from pardiag.tui import format as fmt
 from pardiag.tui.messages import OpenRank
 from pardiag.tui.screens.base import PardiagScreen

@@ -106,8 +106,7 @@ def gpu_section(r: RankResult, width: int) -> RenderableType:
     g = r.gpu
     if g is None:
         return Text("no GPU kernels in this rank's trace", style="dim")
-    parts = {"compute_only": g.compute_us - g.overlap_us, "overlap": g.overlap_us, "comm_only": g.comm_us - g.overlap_us,
-             "memory": max(0.0, g.span_us - g.idle_us - (g.compute_us + g.comm_us - g.overlap_us)), "idle": g.idle_us}
+    parts = fmt.gpu_split(g)
     bar = fmt.draw(fmt.stacked((max(0.0, parts[k]), style.GPU_COLOURS[k]) for k in style.GPU_LABELS), 0.0,
                    g.span_us or 1.0, max(1, width))
     rows = [(style.GPU_LABELS[k], f"{fmt.ms(max(0.0, v))} ms ({max(0.0, v) / g.span_us:.0%})" if g.span_us else "-")
@@ -119,7 +118,7 @@ def gpu_section(r: RankResult, width: int) -> RenderableType:
 def ops_section(r: RankResult) -> RenderableType:
     if not r.ops:
         return Text("no operator statistics", style="dim")
-    return _grid([(k.removesuffix("_us").replace("_", " "), fmt.value_text(k, v)) for k, v in sorted(r.ops.items())])
+    return _grid([(k.removesuffix("_us").replace("_", " "), fmt.fact_text(k, v)) for k, v in sorted(r.ops.items())])
 
 
 def rank_telemetry(a: Analysis, rank: int) -> list[Mapping[str, Any]]:
@@ -142,7 +141,7 @@ def telemetry_section(a: Analysis, r: RankResult, width: int) -> RenderableType:
     series: dict[str, list[float]] = {}
     for rec in records:
         series.update(fmt.numeric_series(rec))
-    facts = [(k.replace("_", " "), fmt.value_text(k, rec[k])) for rec in records for k in TELEMETRY_FACTS
+    facts = [(k.replace("_", " "), fmt.fact_text(k, rec[k])) for rec in records for k in TELEMETRY_FACTS
              if rec.get(k) is not None]
     if not series and not facts:
         reason = (a.telemetry or {}).get("reason")
