@@ -3,6 +3,7 @@ figures are its `summary`, worded as in every report (`display.headline`)."""
 
 from __future__ import annotations
 
+import io
 import shlex
 from typing import Sequence
 
@@ -168,3 +169,10 @@ def print_summary(a: Analysis, console: Console | None = None, next_for: str | N
         p = shlex.quote(next_for)
         nxt = [f"pardiag {c} {p}" for c in ("report", "tui") if c in COMMANDS] + [f"pardiag analyze {p} --json"]
         console.print("next: " + "   ".join(nxt), markup=False)
+
+
+def summary_text(a: Analysis, width: int = 120) -> str:
+    """The terminal summary as plain text (no colours), `width` columns wide."""
+    out = io.StringIO()
+    print_summary(a, Console(file=out, width=width, color_system=None, highlight=False))
+    return out.getvalue()

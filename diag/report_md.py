@@ -153,7 +153,7 @@ def _finding_lines(a: Analysis) -> list[str]:
     out = ["### Findings", ""]
     for f in findings[:TOP_FINDINGS]:
         ranks = f" (rank{'s' if len(set(f.ranks)) > 1 else ''} {rank_ranges(f.ranks)})" if f.ranks else ""
-        out += [f"**{_finding_title(f)}**{ranks}", ""]
+        out += [f"**{_finding_title(f)}** `{f.lever}`{ranks}", ""]  # lever ids are a closed vocabulary: no escaping
         out += [f"- {md_text(e)}" for e in f.evidence[:MAX_EVIDENCE]]
         out += ["", *_action_lines(f), ""]
     if len(findings) > TOP_FINDINGS:
