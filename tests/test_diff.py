@@ -31,7 +31,7 @@ from pardiag.analyzers.diff import (
     verdict,
 )
 from pardiag.analyzers.steps import DISTURBED_US, WARMUP_STEPS
-from pardiag.commands.diff import render_markdown
+from pardiag.report_diff import render_markdown
 from test_levers import analysis, rank
 
 EXAMPLE = REPO / "examples" / "train_ddp.py"
