@@ -22,7 +22,7 @@ from pardiag.manifest import rank_ranges
 from pardiag.style import CATEGORY_LABELS
 
 __all__ = [
-    "rank_ranges", "MAX_TEXT", "WORST_N", "PERCENTILES",
+    "rank_ranges", "MAX_TEXT", "WORST_N", "PERCENTILES", "SEVERITY_ORDER",
     "ms", "pct", "clip", "fact_text", "action_env_text",
     "step_us", "per_step_us", "share", "quantile", "worst_ranks",
     "ordered_findings", "ordered_stragglers", "ordered_collectives", "ordered_notices",
@@ -34,6 +34,7 @@ MAX_TEXT = 200  # characters kept of any one string that came from a trace or a 
 WORST_N = 8
 PERCENTILES = (("min", 0.0), ("p50", 0.5), ("p90", 0.9), ("max", 1.0))
 NOTICE_ORDER = {"error": 0, "warning": 1, "info": 2}
+SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2}
 
 
 # -- numbers ----------------------------------------------------------------------------------

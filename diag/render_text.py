@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import shlex
-from typing import Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -15,12 +14,14 @@ from pardiag.analysis import Analysis, RankResult
 from pardiag.display import (
     action_env_text,
     exposed_words,
+    fact_text,
     headline,
     job_step_words,
     ms,
     ordered_collectives,
     ordered_findings,
     ordered_stragglers,
+    worst_ranks,
     pct,
     per_step_us,
     share,
@@ -38,17 +39,17 @@ CATEGORY_LABELS = (
 )
 
 
-def _rows_to_show(ranks: Sequence[RankResult], straggler_ranks: set[int]) -> list[RankResult]:
+def _rows_to_show(a: Analysis, straggler_ranks: set[int]) -> list[RankResult]:
+    ranks = a.ranks
     if len(ranks) <= MAX_RANK_ROWS:
         return list(ranks)
-    slowest = sorted(ranks, key=lambda r: -(r.step_time_us.p50 or 0.0))[: MAX_RANK_ROWS // 2]
-    keep = {r.rank for r in slowest} | straggler_ranks | {ranks[0].rank}
+    keep = {r.rank for r in worst_ranks(a, MAX_RANK_ROWS // 2)} | straggler_ranks | {ranks[0].rank}
     return [r for r in ranks if r.rank in keep]
 
 
 def rank_table(a: Analysis) -> Table:
     stragglers = {s.rank for s in a.stragglers}
-    shown = _rows_to_show(a.ranks, stragglers)
+    shown = _rows_to_show(a, stragglers)
     title = "where each rank's profiled time went"
     if len(shown) < len(a.ranks):
         title += f" ({len(shown)} of {len(a.ranks)} ranks: the slowest, the stragglers, rank {a.ranks[0].rank})"
@@ -86,6 +87,9 @@ def print_nccl(a: Analysis, console: Console) -> None:
     n = a.nccl
     console.print(Text(f"NCCL: {n.get('files', 0)} log files, {n.get('nnodes') or '?'} node(s)", style="bold"))
     for h in n.get("hosts") or []:
+        if not isinstance(h, dict):  # the block is free-form: a bare host name says only that
+            console.print(Text(f"  {fact_text('host', h)}"))
+            continue
         versions = ", ".join(h.get("versions") or []) or "version ?"
         net = ", ".join(h.get("networks") or []) or "network ?"
         boot = ", ".join(h.get("bootstrap_interfaces") or []) or "?"

@@ -78,3 +78,15 @@ def test_every_renderer_shows_the_summary_findings_and_ranks(name: str, analysis
     for r in analysis.ranks:
         row = RANK_ROW[name].format(rank=r.rank, p50=re.escape(ms(r.step_time_us.p50)))
         assert re.search(row, out), f"rank {r.rank}"
+
+
+@pytest.mark.parametrize("case", ["empty", "single", "crashed", "cpu", "gpu", "512"])
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_every_renderer_survives_every_shape_of_run(name: str, case: str) -> None:
+    from test_report import CASES  # an empty run, one rank, a crashed rank, no GPU, a GPU run, 512 ranks
+
+    a = CASES[case]()
+    out = FORMATS[name].render(a)
+    assert out.strip() and out == FORMATS[name].render(a)
+    for r in a.ranks if len(a.ranks) <= 16 else []:
+        assert re.search(RANK_ROW[name].format(rank=r.rank, p50=re.escape(ms(r.step_time_us.p50))), out), f"rank {r.rank}"

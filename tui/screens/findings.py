@@ -12,7 +12,7 @@ from textual.widgets import DataTable, Static
 
 from pardiag import style
 from pardiag.analysis import Analysis, Finding
-from pardiag.display import ordered_findings, ordered_notices
+from pardiag.display import SEVERITY_ORDER, ordered_findings, ordered_notices
 from pardiag.tui import format as fmt
 from pardiag.tui.messages import OpenFinding
 from pardiag.tui.screens.base import PardiagScreen
@@ -21,14 +21,13 @@ from pardiag.tui.widgets.drawn import Drawn
 from pardiag.tui.widgets.labels import Caption, Heading
 from pardiag.tui.widgets.table import Column, SortableTable
 
-SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
 TALL = 36  # from this terminal height on, the highlighted finding is shown whole
 
 
 def finding_columns(number: dict[int, int]) -> list[Column[Finding]]:
     return [
         Column("#", lambda f: str(number[id(f)]), key=lambda f: number[id(f)], descending=False),
-        Column("severity", lambda f: fmt.severity_badge(f.severity), key=lambda f: SEVERITY_RANK.get(f.severity, 3),
+        Column("severity", lambda f: fmt.severity_badge(f.severity), key=lambda f: SEVERITY_ORDER.get(f.severity, len(SEVERITY_ORDER)),
                descending=False, width=8, right=False),
         Column("saving", lambda f: f"-{f.est_saving_pct:.0f}%" if f.est_saving_pct else "-", key=lambda f: f.est_saving_pct),
         Column("lever", lambda f: f.lever, key=lambda f: f.lever, descending=False, right=False),

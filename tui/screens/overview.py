@@ -12,7 +12,7 @@ from textual.widgets import DataTable, Static
 
 from pardiag import style
 from pardiag.analysis import Analysis, RankResult
-from pardiag.display import headline, job_step_words, ordered_findings, quantile
+from pardiag.display import PERCENTILES, headline, job_step_words, ordered_findings, quantile
 from pardiag.tui import format as fmt
 from pardiag.tui.messages import OpenRank
 from pardiag.tui.screens.base import PardiagScreen
@@ -85,7 +85,7 @@ def summary(a: Analysis) -> RenderableType:
                                    (" (4 has the diagnosis)", "dim")))
     p50s = [v for r in a.ranks if (v := r.step_time_us.p50) is not None]
     if len(p50s) > 1:
-        qs = " · ".join(f"{n} {fmt.ms(quantile(p50s, q))}" for n, q in (("min", 0), ("p50", 0.5), ("p90", 0.9), ("max", 1)))
+        qs = " · ".join(f"{n} {fmt.ms(quantile(p50s, q))}" for n, q in PERCENTILES)
         lines.append(Text(f"step p50 across ranks: {qs} ms", style="dim"))
     if (job := job_step_words(h)) is not None:
         lines.append(Text(f"job step: {job}", style="dim"))
