@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SCRIPTS, read_json, run_pardiag, torchrun
-from test_rank_trace import cpu_rank
-from tracegen import write_trace
+from tracegen import cpu_rank, write_trace
 
 
 @pytest.fixture

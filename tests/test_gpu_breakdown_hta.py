@@ -4,7 +4,6 @@ inputs, and agreement with HTA itself on real traces."""
 from __future__ import annotations
 
 import gzip
-import json
 import math
 import shutil
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 from pardiag.analyzers import trace as trace_module
 from pardiag.analyzers.gpu_breakdown import GpuBreakdown, gpu_breakdown
 from pardiag.analyzers.trace import Trace, TraceError, load_trace, rank_of
+from tracegen import cpu_op, launch, launched_kernel as kernel, meta_events, step, write_kineto_trace as write_trace
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 GPU_TRACES = FIXTURES / "gpu-traces"
@@ -26,59 +26,6 @@ needs_gpu_fixtures = pytest.mark.skipif(
     not GPU_FILES, reason=f"real GPU traces not found in {GPU_TRACES} (shared fixtures)")
 needs_cpu_fixtures = pytest.mark.skipif(
     not CPU_FILES, reason=f"real CPU traces not found in {CPU_TRACES} (shared fixtures)")
-
-
-# --------------------------------------------------------------------------- writers
-def write_trace(path: Path, events: list[dict[str, Any]], *, rank: int = 0,
-                layout: str = "kineto", trailing: dict[str, Any] | None = None) -> Path:
-    """Write events as Kineto does (one event per line, metadata around the list),
-    or as ``json.dumps`` does (one line); ``.gz`` paths are gzipped."""
-    head = {"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": rank,
-                                                     "world_size": 2}}
-    tail = {"traceName": "synthetic", "baseTimeNanoseconds": 1700000000000000000}
-    tail.update(trailing or {})
-    if layout == "kineto":
-        text = ("{\n" + "".join(f'  "{k}": {json.dumps(v)},\n' for k, v in head.items())
-                + '  "traceEvents": [\n' + ",\n".join("  " + json.dumps(e) for e in events)
-                + "\n  ]" + "".join(f',\n  "{k}": {json.dumps(v)}' for k, v in tail.items())
-                + "\n}\n")
-    else:
-        text = json.dumps({**head, "traceEvents": events, **tail})
-    data = text.encode()
-    path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
-    return path
-
-
-def meta_events() -> list[dict[str, Any]]:
-    return [
-        {"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "ts": 0, "args": {"name": "x"}},
-        {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans",
-         "tid": "PyTorch Profiler", "ts": 0, "dur": 1000, "args": {"Op count": 0}},
-        {"ph": "f", "id": 1, "pid": 1, "tid": 1, "ts": 3, "cat": "ac2g", "name": "ac2g",
-         "bp": "e"},
-    ]
-
-
-def step(n: int, ts: float, dur: float) -> dict[str, Any]:
-    return {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "pid": 1,
-            "tid": 1, "ts": ts, "dur": dur, "args": {"External id": n}}
-
-
-def cpu_op(name: str, ts: float, dur: float, ext: int = 1) -> dict[str, Any]:
-    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts,
-            "dur": dur, "args": {"External id": ext, "Record function id": 0}}
-
-
-def launch(corr: int, ts: float) -> dict[str, Any]:
-    return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
-            "ts": ts, "dur": 1, "args": {"External id": 1, "cbid": 211, "correlation": corr}}
-
-
-def kernel(name: str, ts: float, dur: float, corr: int, stream: int = 7,
-           cat: str = "kernel") -> dict[str, Any]:
-    return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur,
-            "args": {"External id": 1, "device": 0, "stream": stream, "correlation": corr,
-                     "grid": [1, 1, 1], "block": [128, 1, 1]}}
 
 
 NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"

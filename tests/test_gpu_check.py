@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from conftest import FIXTURES, REPO, SHARED
-from test_gpu_breakdown_hta import kernel, launch, meta_events, step, write_trace
+from tracegen import launch, launched_kernel as kernel, meta_events, step, write_kineto_trace as write_trace
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import gpu_check  # noqa: E402

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES, run_pardiag
-from test_rank_trace import cpu_rank
-from tracegen import write_trace
+from tracegen import cpu_rank, write_trace
 
 A100 = FIXTURES / "gpu-traces" / "a100-2rank-rank0"
 pytestmark = pytest.mark.skipif(not A100.is_dir(), reason="GPU fixture traces not present")

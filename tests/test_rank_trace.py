@@ -10,25 +10,7 @@ from pardiag.analyzers.analyze import analyze_path
 from pardiag.analyzers.collectives import bus_factor
 from pardiag.analyzers.rank_trace import analyze_rank_trace
 from pardiag.analyzers.trace import load_trace
-from tracegen import kernel, write_trace, x
-
-DL = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
-
-
-def cpu_rank(gloo_start: float, gloo_dur: float) -> list[dict]:
-    """One step, 1000-2000 us, on the loop's thread 1; gloo's thread is 9."""
-    return [
-        x("ProfilerStep#5", 1000, 1000, cat="user_annotation"),
-        x(DL, 1000, 100, cat="user_annotation"),
-        x("aten::stack", 1020, 60),
-        x("aten::linear", 1100, 300),
-        x("aten::addmm", 1150, 200),
-        x("autograd::engine::evaluate_function: AddmmBackward0", 1450, 250),
-        x("gloo:all_reduce", gloo_start, gloo_dur, tid=9, cat="user_annotation",
-          **{"Input Dims": [[1000]], "Input type": ["float"]}),
-        x("Optimizer.step#SGD.step", 1900, 50, cat="user_annotation"),
-        x("aten::add_", 1900, 40),
-    ]
+from tracegen import DL, cpu_rank, kernel, write_trace, x
 
 
 @pytest.fixture

@@ -1,4 +1,10 @@
-"""Small Kineto-format traces written by tests, with numbers chosen to check by hand."""
+"""Small Kineto-format traces written by tests, with numbers chosen to check by hand.
+
+These are raw profiler events and files, the input the analyzers parse; pardiag's own
+objects (ranks, Analyses, run directories) are built by `factories`. Two writers: one as
+`torch.profiler` exports a CPU job (with its process-group config), one as Kineto lays
+out a GPU trace (one event per line, metadata around the list), with the launch events
+HTA needs."""
 
 from __future__ import annotations
 
@@ -37,3 +43,80 @@ def write_trace(path: Path, events: list[dict[str, Any]], rank: int | None = 0, 
     else:
         path.write_text(text)
     return path
+
+
+# -- a CPU rank's step ---------------------------------------------------------------------
+
+DL = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+
+
+def cpu_rank(gloo_start: float, gloo_dur: float) -> list[dict[str, Any]]:
+    """One step, 1000-2000 us, on the loop's thread 1; gloo's thread is 9."""
+    return [
+        x("ProfilerStep#5", 1000, 1000, cat="user_annotation"),
+        x(DL, 1000, 100, cat="user_annotation"),
+        x("aten::stack", 1020, 60),
+        x("aten::linear", 1100, 300),
+        x("aten::addmm", 1150, 200),
+        x("autograd::engine::evaluate_function: AddmmBackward0", 1450, 250),
+        x("gloo:all_reduce", gloo_start, gloo_dur, tid=9, cat="user_annotation",
+          **{"Input Dims": [[1000]], "Input type": ["float"]}),
+        x("Optimizer.step#SGD.step", 1900, 50, cat="user_annotation"),
+        x("aten::add_", 1900, 40),
+    ]
+
+
+# -- GPU traces as Kineto writes them, with what HTA reads ---------------------------------
+
+
+def write_kineto_trace(path: Path, events: list[dict[str, Any]], *, rank: int = 0,
+                       layout: str = "kineto", trailing: dict[str, Any] | None = None) -> Path:
+    """Write events as Kineto does (one event per line, metadata around the list),
+    or as ``json.dumps`` does (one line); ``.gz`` paths are gzipped."""
+    head = {"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": rank,
+                                                     "world_size": 2}}
+    tail = {"traceName": "synthetic", "baseTimeNanoseconds": 1700000000000000000}
+    tail.update(trailing or {})
+    if layout == "kineto":
+        text = ("{\n" + "".join(f'  "{k}": {json.dumps(v)},\n' for k, v in head.items())
+                + '  "traceEvents": [\n' + ",\n".join("  " + json.dumps(e) for e in events)
+                + "\n  ]" + "".join(f',\n  "{k}": {json.dumps(v)}' for k, v in tail.items())
+                + "\n}\n")
+    else:
+        text = json.dumps({**head, "traceEvents": events, **tail})
+    data = text.encode()
+    path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
+    return path
+
+
+def meta_events() -> list[dict[str, Any]]:
+    return [
+        {"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "ts": 0, "args": {"name": "x"}},
+        {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans",
+         "tid": "PyTorch Profiler", "ts": 0, "dur": 1000, "args": {"Op count": 0}},
+        {"ph": "f", "id": 1, "pid": 1, "tid": 1, "ts": 3, "cat": "ac2g", "name": "ac2g",
+         "bp": "e"},
+    ]
+
+
+def step(n: int, ts: float, dur: float) -> dict[str, Any]:
+    return {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "pid": 1,
+            "tid": 1, "ts": ts, "dur": dur, "args": {"External id": n}}
+
+
+def cpu_op(name: str, ts: float, dur: float, ext: int = 1) -> dict[str, Any]:
+    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts,
+            "dur": dur, "args": {"External id": ext, "Record function id": 0}}
+
+
+def launch(corr: int, ts: float) -> dict[str, Any]:
+    return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+            "ts": ts, "dur": 1, "args": {"External id": 1, "cbid": 211, "correlation": corr}}
+
+
+def launched_kernel(name: str, ts: float, dur: float, corr: int, stream: int = 7,
+                    cat: str = "kernel") -> dict[str, Any]:
+    """A kernel with the launch fields HTA reads (External id, grid, block); `corr` matches `launch`."""
+    return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur,
+            "args": {"External id": 1, "device": 0, "stream": stream, "correlation": corr,
+                     "grid": [1, 1, 1], "block": [128, 1, 1]}}
