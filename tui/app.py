@@ -5,35 +5,21 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
-from typing import Callable, ClassVar, Sequence
+from typing import ClassVar, Sequence
 
 from textual import work
 from textual.app import App
 from textual.binding import Binding, BindingType
-from textual.screen import Screen
 
 from pardiag.analysis import Analysis
 from pardiag.errors import UserError
 from pardiag.tui.loader import Loader, Progress, path_loader
 from pardiag.tui.messages import AnalysisLoaded, LoadFailed, LoadProgress, Navigate, OpenFinding, OpenRank
-from pardiag.tui.screens.collectives import CollectivesScreen
+from pardiag.tui.screen_table import BY_MODE, SCREENS, screen_bindings
 from pardiag.tui.screens.finding import FindingScreen
-from pardiag.tui.screens.findings import FindingsScreen
 from pardiag.tui.screens.help import HelpScreen
 from pardiag.tui.screens.loading import LoadingScreen
-from pardiag.tui.screens.nccl import NcclScreen
-from pardiag.tui.screens.overview import OverviewScreen
 from pardiag.tui.screens.rank import RankScreen
-from pardiag.tui.screens.timeline import TimelineScreen
-from pardiag.tui.widgets.navbar import screen_bindings
-
-SCREEN_CLASSES: dict[str, Callable[[Analysis], Screen[None]]] = {
-    "overview": OverviewScreen,
-    "collectives": CollectivesScreen,
-    "timeline": TimelineScreen,
-    "nccl": NcclScreen,
-    "findings": FindingsScreen,
-}
 
 
 class PardiagApp(App[None]):
@@ -63,9 +49,9 @@ class PardiagApp(App[None]):
             self._load()
 
     def _install(self, a: Analysis) -> None:
-        for name, cls in SCREEN_CLASSES.items():
-            self.add_mode(name, partial(cls, a))
-        self.switch_mode("overview")
+        for row in SCREENS:
+            self.add_mode(row.mode, partial(row.screen, a))
+        self.switch_mode(SCREENS[0].mode)
 
     # -- loading in a worker thread ---------------------------------------------------------------
 
@@ -113,7 +99,7 @@ class PardiagApp(App[None]):
         return True
 
     def action_show(self, name: str) -> None:
-        if name in SCREEN_CLASSES and self.analysis is not None:
+        if name in BY_MODE and self.analysis is not None:
             if isinstance(self.screen, HelpScreen):
                 self.screen.dismiss()
             self.switch_mode(name)

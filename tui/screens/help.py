@@ -13,11 +13,13 @@ from textual.widgets import Footer, Static
 
 from pardiag import style
 from pardiag.tui import format as fmt
-from pardiag.tui.widgets.navbar import screen_bindings
+from pardiag.tui.screen_table import help_rows, keys_help, screen_bindings
+
+_NUMBER_KEYS, _SCREEN_NAMES = keys_help()
 
 KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("everywhere", (
-        ("1 … 5", "overview · collectives · timeline · comm setup · findings (or click the bar on top)"),
+        (_NUMBER_KEYS, f"{_SCREEN_NAMES} (or click the bar on top)"),
         ("?", "this help (esc closes it)"),
         ("/", "filter the rows of the screen's table by text; enter keeps, esc clears"),
         ("s / S", "sort by the next column / reverse the order (or click a column header)"),
@@ -32,19 +34,6 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
                   ("n / p", "next / previous finding (when open)"), ("esc", "back to the list"))),
 )
 
-SCREENS = (
-    ("Overview", "per rank: step time over all steps (p50, p90, max), where the profiled time went, waiting per step; "
-                 "stragglers marked ▲; the top findings"),
-    ("Rank", "phases per step, breakdown, GPU timeline, operator statistics, host phases, telemetry"),
-    ("Collectives", "per operation and process group: transfer versus waiting, bandwidth; which rank waits "
-                    "in which collective (heatmap)"),
-    ("Timeline", "one profiled step per rank, split in proportion to where the time went: a share of a "
-                 "profiled step, not the order of events inside it"),
-    ("Comm setup", "NCCL per host: versions, network, transports; errors, warnings and environment problems; "
-                   "the diagnosis of a hang"),
-    ("Findings", "what to change, with evidence, estimated saving, assumption and the code or environment"),
-)
-
 
 def help_text() -> RenderableType:
     keys = Table.grid(padding=(0, 2))
@@ -57,7 +46,7 @@ def help_text() -> RenderableType:
     screens = Table.grid(padding=(0, 2))
     screens.add_column(style="bold", no_wrap=True)
     screens.add_column()
-    for name, what in SCREENS:
+    for name, what in help_rows():
         screens.add_row(name, what)
     return Group(
         Text("keys", style="bold underline"), keys, Text(""),

@@ -1,30 +1,14 @@
 """The row of screen names at the top of every screen: the current one highlighted,
-each clickable, its number the key that opens it."""
+each clickable, its number the key that opens it. The screens are the rows of
+`pardiag.tui.screen_table`."""
 
 from __future__ import annotations
 
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widgets import Static
 
 from pardiag.tui.messages import Navigate
-
-# mode name, key, label: the app's top-level screens, in key order
-SCREENS: tuple[tuple[str, str, str], ...] = (
-    ("overview", "1", "Overview"),
-    ("collectives", "2", "Collectives"),
-    ("timeline", "3", "Timeline"),
-    ("nccl", "4", "Comm setup"),
-    ("findings", "5", "Findings"),
-)
-
-_GROUP = Binding.Group("screens", compact=True)
-
-
-def screen_bindings(prefix: str = "") -> list[Binding]:
-    """The number keys: `prefix` "app." where a screen (a modal) binds them for the app."""
-    return [Binding(key, f"{prefix}show('{name}')", label.lower(), group=_GROUP) for name, key, label in SCREENS]
 
 
 class NavTab(Static):
@@ -76,6 +60,9 @@ class NavBar(Horizontal):
         self.crumb = crumb
 
     def compose(self) -> ComposeResult:
-        for screen, key, label in SCREENS:
-            yield NavTab(screen, key, label, screen == self.current)
+        # imported here: the table imports the screens, and every screen imports this bar
+        from pardiag.tui.screen_table import SCREENS
+
+        for row in SCREENS:
+            yield NavTab(row.mode, row.key, row.label, row.mode == self.current)
         yield Static(self.crumb, id="nav-crumb", markup=False)
