@@ -32,7 +32,7 @@ from pardiag.analyzers.diff import (
 )
 from pardiag.analyzers.steps import DISTURBED_US, WARMUP_STEPS
 from pardiag.report_diff import render_markdown
-from test_levers import analysis, rank
+from factories import analysis, rank
 
 EXAMPLE = REPO / "examples" / "train_ddp.py"
 

@@ -7,36 +7,14 @@ from typing import Any
 
 import pytest
 
-from pardiag.analysis import Analysis, RankResult, StepTime, Straggler
+from pardiag.analysis import Analysis, Straggler
 from pardiag.analyzers.levers import what_if
 from pardiag.analyzers.rules import advise
-
-MB = 2**20
-GB = 2**30
-
-
-def rank(r: int, *, window: float = 100_000.0, steps: int = 1, device: str = "cuda", step_p50: float = 100_000.0,
-         ops: dict[str, Any] | None = None, host: dict[str, float] | None = None, **shares: float) -> RankResult:
-    """A rank whose breakdown has the given shares of the window (idle takes the rest)."""
-    b = {k: shares.get(k, 0.0) * window for k in ("compute", "comm_exposed", "comm_overlapped", "memcpy", "dataloader")}
-    b["idle"] = window - sum(b.values())
-    return RankResult(rank=r, host="h", steps_profiled=steps, window_us=window, breakdown_us=b,
-                      phases_us={}, step_time_us=StepTime(step_p50, step_p50, step_p50, 10),
-                      device_type=device, ops=ops or {}, host_phases_us=host or {})
-
-
-def analysis(ranks: list[RankResult], framework: dict[str, Any] | None = None, **kw: Any) -> Analysis:
-    return Analysis(run={"world_size": len(ranks), "framework": framework or {}}, ranks=ranks,
-                    collectives=kw.pop("collectives", []), stragglers=kw.pop("stragglers", []), **kw)
+from factories import DDP_ONE_BUCKET, GB, analysis, rank
 
 
 def levers(a: Analysis) -> dict[str, Any]:
     return {f.lever: f for f in advise(a).findings}
-
-
-DDP_ONE_BUCKET = {"ddp": [{"bucket_cap_mb": 25.0, "bucket_sizes_bytes": [40 * MB], "gradient_as_bucket_view": False,
-                           "static_graph": False, "find_unused_parameters": False}],
-                  "grad_accumulation": {"backwards_per_step": 1.0}}
 
 
 def test_exposed_communication_with_ddp() -> None:

@@ -23,7 +23,7 @@ from pardiag.analysis import Analysis, Finding, from_dict
 from pardiag.analyzers.analyze import _framework
 from pardiag.analyzers.levers import DS_CONFIG
 from pardiag.analyzers.rules import advise
-from test_levers import GB, MB, analysis, rank
+from factories import GB, MB, analysis, ddp, facts, rank
 
 FORMS = ("transformers", "lightning", "lightning_fabric", "accelerate", "deepspeed")
 
@@ -45,30 +45,6 @@ LEGACY_ACCUMULATION = (
 
 
 # -- runs built by hand, one per lever, with a framework name --------------------------------
-
-
-def ddp(find_unused: bool = False, unused: int | None = 0, ranks: int = 2, total: int = 40 * MB) -> dict[str, Any]:
-    return {"bucket_cap_mb": 25.0, "bucket_sizes_bytes": [total], "gradient_as_bucket_view": False,
-            "static_graph": False, "find_unused_parameters": find_unused, "comm_hook": None,
-            "logging": {"num_parameter_tensors": 256, "module_name": "Net", "iteration": 10,
-                        "unused_parameter_size": unused},
-            "across_ranks": {"ranks": ranks, "find_unused_parameters": ranks if find_unused else 0,
-                             "unused_parameter_size_reported": ranks if unused is not None else 0,
-                             "unused_parameter_size_max": unused, "iteration_min": 10}}
-
-
-def facts(name: str | None, version: str | None = None, loaded: dict[str, str] | None = None,
-          **extra: Any) -> dict[str, Any]:
-    fw: dict[str, Any] = {
-        "ddp": [ddp()], "grad_accumulation": {"backwards_per_step": 1.0},
-        "dataloaders": [{"num_workers": 0, "pin_memory": False, "persistent_workers": False, "batch_size": 32}],
-        "threads": {"sched_affinity": 16}, "optimizers": [{"class": "SGD", "lr": 0.01, "initial_lr": 0.01}],
-        "amp": {"autocast": {}}, "device": {"capability": "8.0"},
-    }
-    if name is not None:
-        fw.update(name=name, version=version, loaded=loaded if loaded is not None else {})
-    fw.update(extra)
-    return fw
 
 
 def by_lever(a: Analysis) -> dict[str, Finding]:

@@ -16,18 +16,13 @@ from pardiag.analyzers import levers, rules
 from pardiag.analyzers.analyze import analyze_path
 from pardiag.analyzers.nccl_log import parse_nccl_logs
 from pardiag.analyzers.rules import RULES, Row, RuleContext, advise, ordered, run_rules
-from test_levers import DDP_ONE_BUCKET, analysis, rank
+from factories import DDP_ONE_BUCKET, analysis, finding, rank
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 NCCL_LOG = SHARED / "reference" / "nccl" / "logs" / "08-chimera2-v2193-shm-p2p-level-loc-loopback-bootstrap.log"
 needs_log = pytest.mark.skipif(not NCCL_LOG.is_file(), reason="reference NCCL logs not present (shared/reference/nccl)")
 FAMILY_LEVER = {"nccl": "nccl_env", "telemetry": "gpu_health"}
-
-
-def finding(lever: Any = "straggler", severity: Any = "medium", saving: float | None = None) -> Finding:
-    return Finding(lever=lever, severity=severity, title=f"{lever} {severity}", evidence=["x"], ranks=[0],
-                   est_saving_pct=saving, action={})
 
 
 def gpu(n: int, *, throttled: bool = False, low_memory: bool = False) -> dict[str, Any]:

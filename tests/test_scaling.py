@@ -11,7 +11,7 @@ import pytest
 
 from conftest import REPO, run_pardiag, torchrun
 from pardiag.analyzers.scaling import amdahl_speedup, fit_serial_fraction, scaling
-from test_levers import analysis, rank
+from factories import analysis, rank
 
 
 def run_at(n: int, step_us: float, batch: int, exposed: float = 0.0):

@@ -24,7 +24,7 @@ import json
 import pytest
 from rich.console import Console
 
-from pardiag.analysis import SCHEMA_VERSION, Analysis, RankResult, StepTime, Straggler, from_dict
+from pardiag.analysis import SCHEMA_VERSION, Analysis, Straggler, from_dict
 from pardiag.analyzers.diff import RunInput, diff_runs
 from pardiag.analyzers.rules import advise
 from pardiag.analyzers.scaling import scaling
@@ -34,23 +34,10 @@ from pardiag.errors import UserError
 from pardiag.render_text import print_summary
 from pardiag.report_html import render_html
 from pardiag.report_md import render_markdown
-from test_levers import DDP_ONE_BUCKET
+from factories import DDP_ONE_BUCKET, MS, rank_ms as rank, screen_text, settle
 
-MS = 1000.0
 STEP = "105.0"  # ms, as every output prints it
 EXPOSED, EXPOSED_TRANSFER = 0.22, 0.17
-
-
-def rank(r: int, p50_ms: float, steps: int, exposed_ms: float, transfer_ms: float, wait_ms: float,
-         profiled_ms: float) -> RankResult:
-    window = 100 * MS * steps
-    b = {"compute": 0.6 * window, "comm_exposed": exposed_ms * MS, "comm_overlapped": 0.0, "memcpy": 0.0,
-         "dataloader": 0.0}
-    b["idle"] = window - sum(b.values())
-    return RankResult(rank=r, host="node0", steps_profiled=steps, window_us=window, breakdown_us=b, phases_us={},
-                      step_time_us=StepTime(p50=p50_ms * MS, mean=p50_ms * MS, max=p50_ms * MS * 1.1, n=5,
-                                            p90=p50_ms * MS, profiled_p50=profiled_ms * MS),
-                      device_type="cpu", transfer_us=transfer_ms * MS, wait_us=wait_ms * MS)
 
 
 RANKS = [rank(0, 100, 2, 20, 10, 10, 130), rank(1, 110, 3, 90, 30, 6, 143)]
@@ -169,7 +156,6 @@ def anyio_backend() -> str:
 @pytest.mark.anyio
 async def test_tui_shows_the_same_figures() -> None:
     from pardiag.tui.app import make_app
-    from test_tui import screen_text, settle
 
     app = make_app(job())
     async with app.run_test(size=(160, 40)) as pilot:

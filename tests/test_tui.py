@@ -7,21 +7,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import io
-import random
 import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 from textual.widgets import ProgressBar
 
 from pardiag import analysis as model
-from pardiag.analysis import Analysis, Collective, Finding, Notice, RankResult, StepTime, Straggler
+from pardiag.analysis import Analysis, Notice
 from pardiag.errors import UserError
-from pardiag.tui.app import PardiagApp, make_app
+from pardiag.tui.app import make_app
 from pardiag.tui.screens.collectives import CollectivesScreen
 from pardiag.tui.screens.finding import FindingScreen, change_text
 from pardiag.tui.screens.findings import FindingsScreen
@@ -35,6 +32,8 @@ from pardiag.tui.widgets.heatmap import WaitHeatmap
 from pardiag.tui.widgets.lanes import Lanes
 from pardiag.tui.widgets.section import Section
 from pardiag.tui.widgets.table import SortableTable
+from factories import empty_run, screen_text, settle
+from factories import slow_rank_job as synthetic
 
 DATA = Path(__file__).resolve().parent / "data"
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -47,15 +46,6 @@ SCREENS = {"1": OverviewScreen, "2": CollectivesScreen, "3": TimelineScreen, "4"
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-def screen_text(app: PardiagApp) -> str:
-    """What the terminal shows now, as plain text (as App.export_screenshot renders it)."""
-    width, height = app.size
-    console = Console(width=width, height=height, file=io.StringIO(), force_terminal=True, record=True,
-                      color_system="truecolor", legacy_windows=False)
-    console.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
-    return console.export_text()
 
 
 def demo() -> Analysis:
@@ -84,52 +74,7 @@ def gpu_fixture(name: str, log: str | None = None) -> Analysis:
     return analyze_path(folder, jobs=1, nccl_logs=logs)
 
 
-def empty() -> Analysis:
-    return Analysis(run={"world_size": 2}, ranks=[], collectives=[], stragglers=[],
-                    notices=[Notice("error", "no rank produced a trace")])
-
-
-def synthetic(n: int = 512, slow: int = 300) -> Analysis:
-    """n ranks on n/8 hosts; rank `slow` does 40 ms more forward work per step."""
-    rng = random.Random(7)
-    ranks = []
-    for i in range(n):
-        step = 100_000 + rng.random() * 5_000 + (40_000 if i == slow else 0)
-        wait = 2_000 if i == slow else 40_000 + rng.random() * 3_000
-        shares = {"compute": step - wait - 12_000, "comm_exposed": wait + 4_000, "comm_overlapped": 3_000,
-                  "memcpy": 1_000, "dataloader": 2_000, "idle": 2_000}
-        ranks.append(RankResult(
-            rank=i, host=f"node{i // 8:03d}", steps_profiled=3, window_us=3 * step,
-            breakdown_us={k: 3 * v for k, v in shares.items()},
-            phases_us={"dataloader": 6_000, "forward": 3 * step * 0.3, "backward": 3 * step * 0.5,
-                       "optimizer": 3 * step * 0.15, "other": 0.0},
-            step_time_us=StepTime(p50=step, mean=step * 1.01, max=step * 1.3, n=20, p90=step * 1.1, steps_total=25),
-            wait_us=3 * wait, transfer_us=3 * 4_000, device_type="cuda",
-        ))
-    collectives = [
-        Collective(op=op, process_group=pg, calls=calls, bytes=size, total_us=total, transfer_us=total * 0.3,
-                   wait_us=total * 0.7, algbw_gbps=80.0, busbw_gbps=150.0, group_size=n, ranks_matched=n,
-                   wait_by_rank_us={str(i): (500.0 if i == slow else total * 0.7 * (0.8 + 0.4 * rng.random()))
-                                    for i in range(n)})
-        for op, pg, calls, size, total in (("all_reduce", "0:default_pg", 30, 400_000_000, 90_000.0),
-                                          ("all_gather", "1:tp", 60, 50_000_000, 20_000.0),
-                                          ("reduce_scatter", "1:tp", 60, 50_000_000, 18_000.0),
-                                          ("broadcast", "0:default_pg", 2, 4_000_000, 900.0))
-    ]
-    return Analysis(
-        run={"world_size": n, "backend": "nccl", "device_type": "cuda", "hosts": [f"node{h:03d}" for h in range(n // 8)],
-             "path": "synthetic-512"},
-        ranks=ranks, collectives=collectives,
-        stragglers=[Straggler(slow, 40_000.0, "forward", ["the other ranks wait 39 ms per step more"], 39_000.0)],
-        findings=[Finding("straggler", "high", f"rank {slow} is 40 ms per step slower (forward)",
-                          ["the other ranks wait 39 ms per step more"], [slow], 28.0,
-                          {"code": "# check rank 300: nvidia-smi -q -d CLOCK,PERFORMANCE"})],
-    )
-
-
-async def settle(pilot) -> None:
-    """Let the app handle what the last keys caused (mounts, layout, messages)."""
-    await pilot.pause()
+empty = functools.partial(empty_run, world=2, notice=Notice("error", "no rank produced a trace"))
 
 
 # -- every screen, on every kind of run ---------------------------------------------------------
