@@ -15,6 +15,7 @@ import pytest
 from pardiag.analysis import Analysis, load
 from pardiag.display import headline, ms, pct
 from pardiag.renderers import FORMATS
+from factories import SHAPES
 
 DATA = Path(__file__).parent / "data"
 FIXTURES = sorted(DATA.glob("*.analysis.json"))
@@ -83,9 +84,7 @@ def test_every_renderer_shows_the_summary_findings_and_ranks(name: str, analysis
 @pytest.mark.parametrize("case", ["empty", "single", "crashed", "cpu", "gpu", "512"])
 @pytest.mark.parametrize("name", list(FORMATS))
 def test_every_renderer_survives_every_shape_of_run(name: str, case: str) -> None:
-    from test_report import CASES  # an empty run, one rank, a crashed rank, no GPU, a GPU run, 512 ranks
-
-    a = CASES[case]()
+    a = SHAPES[case]()  # an empty run, one rank, a crashed rank, no GPU, a GPU run, 512 ranks
     out = FORMATS[name].render(a)
     assert out.strip() and out == FORMATS[name].render(a)
     for r in a.ranks if len(a.ranks) <= 16 else []:

@@ -19,172 +19,17 @@ from plotly.offline import get_plotlyjs
 
 from conftest import FIXTURES, SHARED
 from pardiag import cli
-from pardiag.analysis import (
-    Analysis,
-    Collective,
-    Finding,
-    GpuTime,
-    Notice,
-    ProcessGroup,
-    RankResult,
-    StepTime,
-    Straggler,
-    from_dict,
-)
+from pardiag.analysis import Analysis, Finding, from_dict
 from pardiag.report_html import BAR_RANKS, figures, generic_facts, render_html
 from pardiag.report_md import md_code_block, md_text, render_markdown
+from factories import SHAPES as CASES
+from factories import EVIL, collective, crashed, hostile, rank_result, run_info, small
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "report_small.md"
-EVIL = "</script><img src=x onerror=alert(1)>"
 MD_LIMIT = 60_000
 HTML_LIMIT = 8 * 1024 * 1024
 
 RENDERERS: dict[str, Callable[[Analysis], str]] = {"html": render_html, "md": render_markdown}
-
-
-# -- Analyses built from the dataclasses --------------------------------------------------------
-
-
-def rank_result(rank: int, *, host: str = "node0", step_ms: float | None = 200.0, window_ms: float = 600.0,
-                steps: int = 3, comm: float = 0.1, gpu: bool = False, device: str = "cpu") -> RankResult:
-    w = window_ms * 1000
-    shares = {"compute": 0.7 - comm, "comm_exposed": comm, "comm_overlapped": 0.05, "memcpy": 0.02 if gpu else 0.0,
-              "dataloader": 0.03, "idle": 0.0}
-    shares["idle"] = 1.0 - sum(shares.values())
-    phases = {"dataloader": 0.03 * w, "forward": 0.3 * w, "backward": 0.5 * w, "optimizer": 0.1 * w, "other": 0.07 * w}
-    st = StepTime(p50=None, mean=None, max=None, n=0)
-    if step_ms is not None:
-        st = StepTime(p50=step_ms * 1000, mean=step_ms * 1010, max=step_ms * 1500, n=20, p90=step_ms * 1100,
-                      steps_total=25, disturbed=1)
-    g = GpuTime(span_us=0.9 * w, compute_us=0.5 * w, comm_us=0.3 * w, overlap_us=0.1 * w, memory_us=0.02 * w,
-                idle_us=0.15 * w, kernel_us=0.75 * w) if gpu else None
-    return RankResult(rank=rank, host=host, steps_profiled=steps, window_us=w,
-                      breakdown_us={k: v * w for k, v in shares.items()}, phases_us=phases, step_time_us=st,
-                      gpu=g, trace="trace.json.gz", trace_complete=True, device_type=device,
-                      wait_us=comm * w * 0.5 * (rank % 3), phases_per_step_us={k: v / steps for k, v in phases.items()})
-
-
-def crashed_rank(rank: int, host: str = "node0") -> RankResult:
-    zero_b = dict.fromkeys(("compute", "comm_exposed", "comm_overlapped", "memcpy", "dataloader", "idle"), 0.0)
-    zero_p = dict.fromkeys(("dataloader", "forward", "backward", "optimizer", "other"), 0.0)
-    return RankResult(rank=rank, host=host, steps_profiled=0, window_us=0.0, breakdown_us=zero_b, phases_us=zero_p,
-                      step_time_us=StepTime(p50=None, mean=None, max=None, n=0), trace=None, trace_complete=False)
-
-
-def collective(op: str = "all_reduce", group: str = "0:default_pg", size: int = 2, calls: int = 3) -> Collective:
-    return Collective(op=op, process_group=group, calls=calls, bytes=6_408_312, total_us=69_885.0,
-                      transfer_us=23_350.0, wait_us=46_535.0, algbw_gbps=0.27, busbw_gbps=0.27,
-                      group_size=size, ranks_matched=size, wait_by_rank_us={"0": 0.0, "1": 93_070.0})
-
-
-def run_info(world: int, *, hosts: list[str] | None = None, backend: str = "gloo", device: str = "cpu",
-             command: list[str] | None = None) -> dict[str, object]:
-    return {
-        "path": "runs/exp1", "world_size": world, "ranks_analyzed": world, "backend": backend,
-        "device_type": device, "command": command or ["torchrun", "--nproc-per-node", str(world), "train.py"],
-        "launcher": "torchrun", "hosts": hosts if hosts is not None else ["node0"], "exit_code": 0,
-        "versions": {"python": "3.11.7", "torch": "2.13.0", "cuda": None},
-        "profiler": {"enabled": True, "record_shapes": True, "schedule": {"wait": 5, "warmup": 2, "active": 3}},
-    }
-
-
-FINDING = Finding(lever="ddp_bucket_size", severity="medium", title="DDP buckets are too small for this model",
-                  evidence=["47 buckets of 25 MB for 1.2 GB of gradients", "all_reduce: 61% of its time waiting"],
-                  ranks=[0, 1], est_saving_pct=7.5,
-                  action={"code": "model = DDP(model, bucket_cap_mb=100)", "doc": "https://pytorch.org/docs/stable/ddp.html"})
-
-
-def empty_run() -> Analysis:
-    return Analysis(run={}, ranks=[], collectives=[], stragglers=[],
-                    notices=[Notice("warning", "no usable manifest (missing); the run may still be going or was killed")])
-
-
-def single_rank() -> Analysis:
-    return Analysis(run=run_info(1), ranks=[rank_result(0, comm=0.0)], collectives=[], stragglers=[])
-
-
-def crashed() -> Analysis:
-    ranks = [rank_result(r) for r in range(3)] + [crashed_rank(3)]
-    return Analysis(run=run_info(4), ranks=ranks, collectives=[collective(size=4)], stragglers=[],
-                    notices=[Notice("warning", "rank 3: no profiler trace (the process exited before the window)"),
-                             Notice("error", "rank 3 failed at step 7: RuntimeError: CUDA error: an illegal memory access")])
-
-
-def small() -> Analysis:
-    """Two CPU ranks on one host, a straggler, a finding: the golden markdown."""
-    return Analysis(
-        run=run_info(2, hosts=["node0"]),
-        ranks=[rank_result(0, comm=0.3), rank_result(1, step_ms=230.0, comm=0.1)],
-        collectives=[collective()],
-        stragglers=[Straggler(rank=1, excess_us_per_step=83_050.0, cause="forward",
-                              evidence=["the other ranks wait 71.8 ms per step more than rank 1",
-                                        "forward: +78.4 ms per step vs the median of the other ranks"])],
-        process_groups=[ProcessGroup(name="0", desc="default_pg", role="data-parallel", size=2, ranks=[0, 1],
-                                     ops={"all_reduce": 3}, total_us=69_885.0, wait_us=46_535.0)],
-        findings=[FINDING],
-        notices=[Notice("info", "rank 0: 2 steps outside the profiled window were disturbed")],
-    )
-
-
-def gpu_run(n: int = 8) -> Analysis:
-    return Analysis(
-        run=run_info(n, hosts=["gpu-a", "gpu-b"], backend="nccl", device="cuda"),
-        ranks=[rank_result(r, host=("gpu-a", "gpu-b")[r // 4 % 2], gpu=True, device="cuda", comm=0.05 + 0.02 * r)
-               for r in range(n)],
-        collectives=[collective(size=n), collective("_allgather_base", "1:tp", size=4, calls=12)],
-        stragglers=[],
-        findings=[FINDING, Finding(lever="nccl_env", severity="high", title="NCCL_P2P_DISABLE=1 forces copies through the host",
-                                   evidence=["gpu-a:4242 NCCL INFO NCCL_P2P_DISABLE set by environment to 1"], ranks=list(range(n)),
-                                   est_saving_pct=None, action={"env": {"NCCL_P2P_DISABLE": None, "NCCL_IB_HCA": "mlx5"}})],
-        nccl={"version": "2.21.5", "hosts": ["gpu-a", "gpu-b"], "init_s": 3.2, "channels": 16,
-              "processes": [{"host": "gpu-a", "pid": 4242, "ranks": [0, 1, 2, 3], "network": "IB"}]},
-        telemetry={"samples": 1200, "sm_util": {"p50": 0.81, "min": 0.42}, "throttle": ["HW_SLOWDOWN"]},
-    )
-
-
-def big(n: int = 512) -> Analysis:
-    hosts = [f"node{h:03d}.cluster.example.org" for h in range(n // 8)]
-    ranks = [rank_result(r, host=hosts[r // 8], gpu=True, device="cuda", step_ms=200.0 + (r % 17), comm=0.05 + (r % 7) / 100)
-             for r in range(n)]
-    groups = [ProcessGroup(name=str(g), desc=f"tp{g}", role="tensor-parallel", size=8, ranks=list(range(8 * g, 8 * g + 8)),
-                           ops={"all_reduce": 40}, total_us=1e5, wait_us=2e4) for g in range(n // 8)]
-    evidence = [f"rank {r} waits least in {50 + r % 50}% of all steps" for r in range(40)]
-    return Analysis(
-        run=run_info(n, hosts=hosts, backend="nccl", device="cuda"),
-        ranks=ranks,
-        collectives=[collective(op, f"{g}:tp{g}", size=8) for g in range(n // 8) for op in ("all_reduce", "all_gather")],
-        stragglers=[Straggler(rank=r, excess_us_per_step=5e3 * (r % 5 + 1), cause="dataloader", evidence=evidence)
-                    for r in range(0, n, 16)],
-        process_groups=groups,
-        findings=[FINDING] * 40,
-        notices=[Notice("warning", f"rank {r}: trace has {r} dropped events " + "x" * 300) for r in range(300)],
-        nccl={"processes": [{"host": h, "pid": i, "ranks": list(range(8 * i, 8 * i + 8))} for i, h in enumerate(hosts)]},
-    )
-
-
-def hostile() -> Analysis:
-    """Untrusted text everywhere a trace, a log or a command line can put it."""
-    a = small()
-    r0 = rank_result(0, host=EVIL)
-    return Analysis(
-        run={**a.run, "command": ["python", EVIL, "--name", "a|b`c`"], "hosts": [EVIL], "backend": EVIL, "path": EVIL,
-             "versions": {"torch": EVIL}},
-        ranks=[r0, *a.ranks[1:]],
-        collectives=[collective(op=EVIL, group=EVIL)],
-        stragglers=[Straggler(rank=1, excess_us_per_step=1e4, cause=EVIL, evidence=[EVIL])],
-        process_groups=[ProcessGroup(name=EVIL, desc=EVIL, role="data-parallel", size=2, ranks=[0, 1],
-                                     ops={EVIL: 1}, total_us=1.0, wait_us=0.0)],
-        findings=[Finding(lever="nccl_env", severity="high", title=EVIL, evidence=[EVIL], ranks=[0],
-                          est_saving_pct=None, action={"code": EVIL, "env": {"NCCL_X": EVIL}, "doc": "javascript:alert(1)"})],
-        notices=[Notice("error", EVIL)],
-        nccl={EVIL: EVIL, "procs": [{EVIL: EVIL}]},
-        telemetry={"gpu": EVIL},
-    )
-
-
-CASES: dict[str, Callable[[], Analysis]] = {
-    "empty": empty_run, "single": single_rank, "crashed": crashed, "cpu": small, "gpu": gpu_run, "512": big,
-}
 
 
 # -- contract: every renderer, every shape of run --------------------------------------------

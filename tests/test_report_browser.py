@@ -13,7 +13,7 @@ import pytest
 from conftest import FIXTURES, REPO
 from pardiag.analysis import Analysis
 from pardiag.report_html import figures, render_html
-from test_report import hostile, small
+from factories import hostile, small
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 CHROMIUM = next((p for p in map(shutil.which, BROWSERS) if p), None)
