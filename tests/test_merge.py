@@ -3,16 +3,14 @@ of what it holds (`rundir.ENTRIES`), so that no kind of file is left behind."""
 
 from __future__ import annotations
 
-import gzip
 import inspect
-import json
 from pathlib import Path
-from typing import Any
 
 from conftest import read_json, run_pardiag
 
-from pardiag import manifest, rundir
+from pardiag import rundir
 from pardiag.rundir import RunDir
+from factories import node_run as node, telemetry, write_lines
 
 NAMES = {e.name for e in rundir.ENTRIES}
 ARGS = {"rank": 0, "host": "node-a", "pid": 100, "stream": "stdout"}
@@ -44,48 +42,6 @@ def test_every_path_the_run_directory_names_is_a_listed_entry(tmp_path: Path) ->
     assert {"telemetry", "host_telemetry", "summary", "flight_prefix", "launcher_record"} <= set(paths)
     unknown = {n: p for n, p in paths.items() if p.relative_to(tmp_path).parts[0] not in NAMES}
     assert not unknown
-
-
-def write_lines(path: Path, records: list[dict[str, Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(rundir.encode_line(r) for r in records))
-
-
-def telemetry(host: str, gpu: int, uuid: str) -> list[dict[str, Any]]:
-    header = rundir.telemetry_header(host, 1_000, 0.1, "550.54", [{"gpu": gpu, "uuid": uuid, "name": "H100"}])
-    return [header, {"t_ns": 2_000, "gpu": gpu, "uuid": uuid, "util_gpu_pct": 90}]
-
-
-def node(root: Path, host: str, pid: int, rank: int, complete: bool) -> RunDir:
-    """A node's run directory with a file of every kind a run writes, through RunDir's paths."""
-    run = RunDir(root)
-    manifest.write_launcher_record(run, {"host": host, "pid": pid, "job_key": "job-1", "status": "ended",
-                                         "started": 1.0, "ended": 2.0, "exit_code": 0})
-    rundir.atomic_write_json(run.meta(rank), {"format": rundir.META_FORMAT, "format_version": rundir.META_VERSION,
-                                              "host": host, "pid": pid, "rank": rank, "world_size": 2,
-                                              "exit": {"status": "ok"}})
-    steps = rundir.StepsWriter(run.steps(rank))
-    steps.write({"step": 0, "start_ns": 1, "end_ns": 2})
-    steps.close()
-    trace = (run.trace(rank) if complete else run.partial_trace(rank)).with_suffix(".json.gz")
-    with gzip.open(trace, "wt") as f:
-        json.dump({"traceEvents": [], "distributedInfo": {"rank": rank}}, f)
-    rundir.write_summary(run, rank, trace, {"result": {}, "gpu": None, "base_time_ns": None})
-    write_lines(run.telemetry(rank), telemetry(host, 0, f"GPU-{rank}"))
-    write_lines(run.host_telemetry(host), telemetry(host, 1, f"GPU-{rank}-unused"))
-    run.host_telemetry_lock(host).touch()
-    run.nccl_dir.mkdir()
-    (run.nccl_dir / f"{host}.{pid}.log").write_text(f"{host}:{pid}:{pid} [0] NCCL INFO Bootstrap\n")
-    run.flight_dir.mkdir()
-    Path(f"{run.flight_prefix()}{rank}").write_bytes(b"\x80\x04flight")
-    run.bootstrap_errors_dir.mkdir(parents=True)
-    run.stream_log(host, pid, "stdout").write_text("loss 1.0\n")
-    run.stream_log(host, pid, "stderr").write_text("")
-    run.bootstrap_error(host, pid).write_text("collector failed to install\n")
-    manifest.write(run)
-    rundir.atomic_write_json(run.analysis, {"schema": "pardiag.analysis"})
-    run.report.write_text("<html></html>")
-    return run
 
 
 def files(root: Path) -> set[Path]:
