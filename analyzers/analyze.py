@@ -23,7 +23,7 @@ from pardiag.analyzers.trace import trace_head
 from pardiag.errors import UserError
 
 if TYPE_CHECKING:
-    from pardiag.analyzers.nccl_log import NcclReport
+    from pardiag.analyzers.nccl.log import NcclReport
 
 TRACE_NAME = re.compile(r".*\.json(\.gz)?$")
 Progress = Callable[[int, int], None]
@@ -233,8 +233,8 @@ def _nccl(
         logs += sorted(p for p in run.nccl_dir.glob("*.log") if p.stat().st_size > 0)
     if not logs:
         return {}, None
-    from pardiag.analyzers.nccl_log import parse_nccl_logs
-    from pardiag.analyzers.nccl_summary import summarise
+    from pardiag.analyzers.nccl.log import parse_nccl_logs
+    from pardiag.analyzers.nccl.summary import summarise
 
     report = parse_nccl_logs(logs)
     block = summarise(report, world or None)

@@ -6,7 +6,7 @@ rank that never arrived is usually still blocked elsewhere or killed by the laun
 Each rank's meta.json records how it ended (the exception and the step it was in)
 and steps.jsonl the last step it finished, which is enough to say who waited, where,
 and who never came. NCCL's own logs give more (sequence numbers, op types): see
-nccl_findings.hang_diagnosis; this works without them.
+nccl.findings.hang_diagnosis; this works without them.
 """
 
 from __future__ import annotations

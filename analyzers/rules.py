@@ -8,7 +8,7 @@ A rule returns a list because some find one thing per subject (a GPU health rule
 finding per GPU); most return none or one. The context holds what the three families
 of rules read:
 
-- ``nccl`` rules (analyzers/nccl_findings.py): ``ctx.nccl``, the parsed NCCL logs;
+- ``nccl`` rules (analyzers/nccl/findings.py): ``ctx.nccl``, the parsed NCCL logs;
 - ``telemetry`` rules (analyzers/telemetry.py): ``ctx.telemetry``, the Analysis'
   telemetry block, and the stragglers of ``ctx.analysis``;
 - ``lever`` rules (analyzers/levers.py): ``ctx.analysis`` with its ``summary``, and
@@ -38,10 +38,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterator, Literal, Mapping, Protocol, Sequence
 
 from pardiag.analysis import LEVERS, Analysis, Finding, Lever, Notice, RankResult
-from pardiag.analyzers import levers, nccl_findings
+from pardiag.analyzers import levers
 from pardiag.analyzers import telemetry as gpu_health
 from pardiag.analyzers.levers import rank_key, what_if
-from pardiag.analyzers.nccl_log import NcclReport, merge_logs
+from pardiag.analyzers.nccl import findings as nccl_findings
+from pardiag.analyzers.nccl.log import NcclReport, merge_logs
 
 Family = Literal["nccl", "telemetry", "lever"]
 

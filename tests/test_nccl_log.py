@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pardiag.analysis import Analysis
-from pardiag.analyzers.nccl_findings import coll_laggards, hang_diagnosis, nccl_findings
-from pardiag.analyzers.nccl_log import (
+from pardiag.analyzers.nccl.findings import coll_laggards, hang_diagnosis, nccl_findings
+from pardiag.analyzers.nccl.log import (
     MESSAGE_RULES,
     Interface,
     MessageRule,

@@ -14,7 +14,7 @@ import pytest
 from pardiag.analysis import LEVERS, Finding, Lever, Straggler
 from pardiag.analyzers import levers, rules
 from pardiag.analyzers.analyze import analyze_path
-from pardiag.analyzers.nccl_log import parse_nccl_logs
+from pardiag.analyzers.nccl.log import parse_nccl_logs
 from pardiag.analyzers.rules import RULES, Row, RuleContext, advise, ordered, run_rules
 from factories import DDP_ONE_BUCKET, analysis, finding, rank
 

@@ -1,7 +1,7 @@
 """NCCL findings from parsed logs: a table of small rule functions, and a hang diagnosis.
 
 Each rule is a row of the one registry (``analyzers.rules.RULES``, which orders them):
-it reads the parsed logs, ``ctx.nccl`` (an :class:`~pardiag.analyzers.nccl_log.NcclReport`),
+it reads the parsed logs, ``ctx.nccl`` (an :class:`~pardiag.analyzers.nccl.log.NcclReport`),
 and returns its findings (lever ``nccl_env``), [] for none::
 
     Finding(lever="nccl_env", severity="high|medium|low", title=str,
@@ -23,7 +23,7 @@ from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from pardiag.analysis import Analysis, Finding, Severity
-from pardiag.analyzers.nccl_log import (
+from pardiag.analyzers.nccl.log import (
     Connection,
     NcclProcess,
     NcclReport,

@@ -8,8 +8,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
 
-from pardiag.analyzers.nccl_findings import hang_diagnosis, nccl_findings
-from pardiag.analyzers.nccl_log import NcclReport, parse_nccl_logs
+from pardiag.analyzers.nccl.findings import hang_diagnosis, nccl_findings
+from pardiag.analyzers.nccl.log import NcclReport, parse_nccl_logs
 
 MAX_LINES = 10
 
