@@ -339,3 +339,20 @@ def test_wheel_installs_and_analyses_without_torch(built: tuple[Path, str], tmp_
     assert not (tmp_path / "run").exists()
 
     assert run(python, "-c", "import torch").returncode != 0  # nothing above installed it
+
+
+def test_every_module_of_the_package_imports() -> None:
+    """Every module under pardiag.* imports as a module (the scenario scripts too, which
+    also run as files), in a process of its own so nothing here is disturbed."""
+    pytest.importorskip("torch")
+    code = (
+        "import importlib, pkgutil, pardiag\n"
+        "bad = []\n"
+        "for m in pkgutil.walk_packages(pardiag.__path__, 'pardiag.'):\n"
+        "    if m.name.endswith(('__main__', 'sitecustomize')): continue\n"
+        "    try: importlib.import_module(m.name)\n"
+        "    except BaseException as e: bad.append(f'{m.name}: {e!r}')\n"
+        "print('\\n'.join(bad))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout.strip() == "", res.stdout + res.stderr

@@ -3,7 +3,10 @@ units (AMX / AVX512-BF16) would run them several times faster."""
 
 import sys
 
-from harness import Vectors, args, mlp, train
+try:  # imported as pardiag.examples.scenarios.<name>
+    from .harness import Vectors, args, mlp, train
+except ImportError:  # run as a script: torchrun .../<name>.py
+    from harness import Vectors, args, mlp, train
 
 if __name__ == "__main__":
     a = args()

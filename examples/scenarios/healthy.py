@@ -5,7 +5,10 @@ machine so that other processes do not turn one rank into a straggler."""
 
 import sys
 
-from harness import Batches, args, mlp, train
+try:  # imported as pardiag.examples.scenarios.<name>
+    from .harness import Batches, args, mlp, train
+except ImportError:  # run as a script: torchrun .../<name>.py
+    from harness import Batches, args, mlp, train
 
 if __name__ == "__main__":
     a = args()

@@ -3,7 +3,10 @@ buckets (bucket_cap_mb=0.05): each all-reduce pays the full latency."""
 
 import sys
 
-from harness import Vectors, args, mlp, train
+try:  # imported as pardiag.examples.scenarios.<name>
+    from .harness import Vectors, args, mlp, train
+except ImportError:  # run as a script: torchrun .../<name>.py
+    from harness import Vectors, args, mlp, train
 
 if __name__ == "__main__":
     a = args()

@@ -4,7 +4,10 @@ exceed what a rank is given, so DDP's full replica per rank does not fit."""
 
 import sys
 
-from harness import Vectors, args, mlp, train
+try:  # imported as pardiag.examples.scenarios.<name>
+    from .harness import Vectors, args, mlp, train
+except ImportError:  # run as a script: torchrun .../<name>.py
+    from harness import Vectors, args, mlp, train
 
 if __name__ == "__main__":
     a = args()
