@@ -39,12 +39,17 @@ def pardiag_run(tmp_path: Path, name: str, *args: str) -> tuple[Path, dict[str, 
     return out, doc
 
 
-def paired_cost(run: Path, rank: int) -> tuple[float, float, list[float]]:
-    """(median False step, median True step, per-pair cost) in microseconds: each True
-    step against the mean of the False steps either side of it."""
-    recs = [r for r in read_steps(run / "ranks" / str(rank) / "steps.jsonl")
-            if r["step"] >= WARMUP_STEPS and not r.get("profiler") and r.get("dur_us")]
-    dur = {r["step"]: float(r["dur_us"]) for r in recs}
+def paired_cost(run: Path) -> tuple[float, float, list[float]]:
+    """(median False step, median True step, per-pair cost) in microseconds of the job's
+    step (the mean over both ranks of each step's duration: a rank that waits for the
+    other at one step's end is ahead at the next, which on a single rank reads as noise),
+    each True step against the mean of the False steps either side of it."""
+    per_rank = []
+    for rank in (0, 1):
+        recs = [r for r in read_steps(run / "ranks" / str(rank) / "steps.jsonl")
+                if r["step"] >= WARMUP_STEPS and not r.get("profiler") and r.get("dur_us")]
+        per_rank.append({r["step"]: float(r["dur_us"]) for r in recs})
+    dur = {s: (per_rank[0][s] + per_rank[1][s]) / 2 for s in per_rank[0].keys() & per_rank[1].keys()}
     false = [v for s, v in dur.items() if s % 2 == 0]
     true = [v for s, v in dur.items() if s % 2 == 1]
     pairs = [dur[s] - (dur[s - 1] + dur[s + 1]) / 2 for s in dur if s % 2 == 1 and s - 1 in dur and s + 1 in dur]
@@ -70,18 +75,15 @@ def test_finding_on_a_model_that_uses_every_parameter_and_the_measured_cost(tmp_
     assert "256 parameter tensors" in f["evidence"][0] and "on all 2 ranks" in f["evidence"][1]
     assert f["action"]["framework"] == "torch" and "find_unused_parameters=False" in f["action"]["code"]
 
-    # ground truth, per rank: the False copy against the True copy under the same load
-    costs = []
-    for rank in (0, 1):
-        med_false, med_true, pairs = paired_cost(run, rank)
-        lo, hi = bootstrap_median_ci(pairs)
-        rel = statistics.median(pairs) / med_false
-        costs.append((lo / med_false, hi / med_false))
-        print(f"rank {rank}: step with find_unused_parameters=False {med_false:.0f} us, True {med_true:.0f} us; "
-              f"paired cost {rel:+.1%} of the step (95% CI {lo / med_false:+.1%} .. {hi / med_false:+.1%}, "
-              f"{len(pairs)} pairs)")
+    # ground truth: the False copy against the True copy under the same load, as job steps
+    med_false, med_true, pairs = paired_cost(run)
+    lo, hi = bootstrap_median_ci(pairs)
+    rel = statistics.median(pairs) / med_false
+    print(f"job step with find_unused_parameters=False {med_false:.0f} us, True {med_true:.0f} us; "
+          f"paired cost {rel:+.1%} of the step (95% CI {lo / med_false:+.1%} .. {hi / med_false:+.1%}, "
+          f"{len(pairs)} pairs)")
     # the advice is sound: with the search off a step is not slower beyond the noise (5%)
-    assert all(lo > -0.05 for lo, _hi in costs), costs
+    assert lo / med_false > -0.05, (lo / med_false, hi / med_false)
 
 
 def test_no_finding_without_the_search(tmp_path: Path) -> None:
