@@ -242,7 +242,9 @@ class Analysis:
         return self.summary
 
     def to_dict(self) -> dict[str, Any]:
-        d = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION}
+        from pardiag import __version__
+
+        d: dict[str, Any] = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "pardiag_version": __version__}
         d.update(asdict(self))
         return d
 

@@ -4,11 +4,13 @@ Every reader of a run (analyze, report, diff, scaling, the summary after `pardia
 the TUI) gets its Analysis from `load_or_analyze`, the one place that decides whether
 the cached analysis.json serves, and that writes it.
 
-The cache serves when it is newer than everything it was computed from and it is of
-this pardiag's schema. A cache of an older schema is analysed again from the run's
-raw data (traces, summaries, steps) when the run still has them, since an upgraded
-document lacks what only the raw data holds (the job's step percentiles); without raw
-data it is upgraded (`pardiag.analysis.from_dict`).
+The cache serves when it is newer than everything it was computed from and it was
+written by this pardiag (the same version, hence the same schema and the same analysis
+code: a fix in a newer pardiag must reach runs analysed before it). A cache of an older
+schema or of another pardiag version is analysed again from the run's raw data (traces,
+summaries, steps) when the run still has them, since an upgraded document lacks what only
+the raw data holds (the job's step percentiles); without raw data it is read as it is,
+upgraded when its schema is older (`pardiag.analysis.from_dict`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
+from pardiag import __version__
 from pardiag import analysis as model
 from pardiag import rundir
 from pardiag.errors import UserError
@@ -46,9 +49,9 @@ def load_or_analyze(
     cache cannot be written (default: one line on stderr)."""
     if is_analysis_file(path):
         run = rundir.RunDir(path.parent)
-        if not _older_schema(path) or not has_raw_data(run):
+        if not _stale(path) or not has_raw_data(run):
             return model.load(path)
-        path = run.root  # an older analysis of a run that still has its data: analyse it again
+        path = run.root  # an analysis by another pardiag of a run that still has its data: analyse it again
     run = rundir.RunDir(path) if path.is_dir() and rundir.is_run_dir(path) else None
     if run is not None and not force:
         cached = _cached(run, use_hta)
@@ -114,7 +117,7 @@ def _cached(run: rundir.RunDir, use_hta: bool) -> model.Analysis | None:
         doc = json.loads(run.analysis.read_text(encoding="utf-8"))
         if not isinstance(doc, dict):
             return None
-        if _schema_version(doc) < model.SCHEMA_VERSION and has_raw_data(run):
+        if _written_elsewhere(doc) and has_raw_data(run):
             return None
         cached = model.from_dict(doc, str(run.analysis))
     except (OSError, ValueError, UnicodeDecodeError, UserError):
@@ -122,12 +125,19 @@ def _cached(run: rundir.RunDir, use_hta: bool) -> model.Analysis | None:
     return cached if cached.hta is not None or not use_hta else None
 
 
-def _older_schema(path: Path) -> bool:
+def _stale(path: Path) -> bool:
+    """An analysis.json of an older schema or written by another pardiag version."""
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, UnicodeDecodeError):
         return False  # model.load says what is wrong with it
-    return isinstance(doc, dict) and doc.get("schema") == model.SCHEMA and _schema_version(doc) < model.SCHEMA_VERSION
+    return isinstance(doc, dict) and doc.get("schema") == model.SCHEMA and _written_elsewhere(doc)
+
+
+def _written_elsewhere(doc: dict[str, object]) -> bool:
+    """Whether the document comes from an older schema or another pardiag version (a file
+    without the version predates it being recorded)."""
+    return _schema_version(doc) < model.SCHEMA_VERSION or doc.get("pardiag_version") != __version__
 
 
 def _schema_version(doc: dict[str, object]) -> int:

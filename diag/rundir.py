@@ -326,8 +326,10 @@ def trace_source(trace: Path) -> dict[str, Any]:
 def write_summary(run: RunDir, rank: int, trace: Path, body: dict[str, Any]) -> None:
     """ranks/<rank>/summary.json: `body` (the analyzers' reduced trace) under the
     summary's format, the rank and the trace it came from."""
-    doc = {"format": SUMMARY_FORMAT, "format_version": SUMMARY_VERSION, "rank": rank,
-           "source": trace_source(trace), **body}
+    from pardiag import __version__
+
+    doc = {"format": SUMMARY_FORMAT, "format_version": SUMMARY_VERSION, "pardiag_version": __version__,
+           "rank": rank, "source": trace_source(trace), **body}
     atomic_write_text(run.summary(rank), json.dumps(doc) + "\n", durable=False)
 
 
@@ -422,13 +424,18 @@ def read_steps(run: RunDir, rank: int) -> list[dict[str, Any]]:
 
 
 def read_summary(run: RunDir, rank: int, trace: Path) -> dict[str, Any] | None:
-    """The rank's summary document if it exists, is readable, is not of a newer format
-    and was made from `trace` as it is now; else None (the trace is read instead)."""
+    """The rank's summary document if it exists, is readable, was written by this pardiag
+    version (another version's trace reader may have counted differently) and was made
+    from `trace` as it is now; else None (the trace is read instead)."""
+    from pardiag import __version__
+
     try:
         doc = json.loads(run.summary(rank).read_text(encoding="utf-8"))
         if not isinstance(doc, dict) or doc.get("format") != SUMMARY_FORMAT:
             return None
-        if doc.get("format_version", 99) > SUMMARY_VERSION or doc.get("source") != trace_source(trace):
+        if doc.get("format_version", 99) > SUMMARY_VERSION or doc.get("pardiag_version") != __version__:
+            return None
+        if doc.get("source") != trace_source(trace):
             return None
         return doc
     except (OSError, ValueError, TypeError):

@@ -146,3 +146,42 @@ def test_a_run_that_lost_its_raw_data_keeps_the_upgrade(run: Path) -> None:
     b = load_or_analyze(run, quiet=True)
     assert b.job_summary.computed_from == "ranks" and b.ranks == model.from_dict(_as_schema_1(a)).ranks
     assert _schema_version(run / "analysis.json") == 1
+
+
+@pytest.mark.slow
+def test_a_cache_written_by_another_pardiag_version_is_analysed_again(run: Path) -> None:
+    """The same schema, but another version's analysis code may have counted differently:
+    a run that still has its data is analysed again, and the cache rewritten by this one."""
+    from pardiag import __version__
+
+    a = load_or_analyze(run, quiet=True)
+    doc = json.loads(a.to_json())
+    assert doc["pardiag_version"] == __version__
+    doc["pardiag_version"] = "0.0.1"
+    doc["ranks"][0]["window_us"] = 1.0  # what the other version "measured"
+    for path in (run, run / "analysis.json"):
+        _write_fresh(run / "analysis.json", doc)
+        again = load_or_analyze(path, quiet=True)
+        assert again.ranks[0].window_us == a.ranks[0].window_us != 1.0
+        assert json.loads((run / "analysis.json").read_text())["pardiag_version"] == __version__
+    # without raw data the other version's document is all there is: read as it is
+    shutil.rmtree(run / "ranks")
+    (run / "ranks").mkdir()
+    _write_fresh(run / "analysis.json", doc)
+    assert load_or_analyze(run, quiet=True).ranks[0].window_us == 1.0
+
+
+@pytest.mark.slow
+def test_a_rank_summary_written_by_another_pardiag_version_is_not_used(run: Path) -> None:
+    r = rundir.RunDir(run)
+    trace, _ = r.find_trace(0)
+    assert trace is not None and rundir.read_summary(r, 0, trace) is not None  # written by `pardiag run`
+    doc = json.loads(r.summary(0).read_text())
+    doc["pardiag_version"] = "0.0.1"
+    mtime = r.summary(0).stat().st_mtime_ns
+    r.summary(0).write_text(json.dumps(doc))
+    os.utime(r.summary(0), ns=(mtime, mtime))
+    assert rundir.read_summary(r, 0, trace) is None  # the trace is read again instead
+    doc.pop("pardiag_version")  # a summary from before the version was recorded
+    r.summary(0).write_text(json.dumps(doc))
+    assert rundir.read_summary(r, 0, trace) is None
