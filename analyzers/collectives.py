@@ -88,7 +88,7 @@ def match(per_rank: Mapping[int, Sequence[CollectiveCall]]) -> MatchResult:
         mean = sum(durs.values()) / len(durs)
         ident = (first.op, first.process_group)
         a = agg.setdefault(ident, {"calls": 0, "bytes": 0, "sized": 0, "total": 0.0, "transfer": 0.0, "sized_transfer": 0.0})
-        m = meta.setdefault(ident, {"group_size": first.group_size, "ranks": set()})
+        m = meta.setdefault(ident, {"group_size": first.group_size, "ranks": set(), "implementation": first.implementation})
         m["ranks"] |= set(by_rank)  # type: ignore[operator]
         a["calls"] += 1
         a["total"] += mean
@@ -124,6 +124,7 @@ def match(per_rank: Mapping[int, Sequence[CollectiveCall]]) -> MatchResult:
                 group_size=n,
                 ranks_matched=len(m["ranks"]),  # type: ignore[arg-type]
                 wait_by_rank_us={str(r): w for r, w in sorted(wait_detail[ident].items())},
+                implementation=m["implementation"] if isinstance(m["implementation"], str) else None,
             )
         )
     return MatchResult(out, dict(wait_by_rank), dict(transfer_by_rank), unmatched, mismatched, launch_only, unnamed)

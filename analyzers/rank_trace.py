@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -77,6 +77,7 @@ class CollectiveCall:
     dur_us: float
     on_gpu: bool
     timing: str = "host"  # "device": kernel time; "host": the operation itself (gloo); "launch": enqueue only
+    implementation: str | None = None  # the backend's own op when it differs from `op` (gloo runs reduce_scatter as all_reduce)
 
 
 @dataclass(frozen=True)
@@ -413,6 +414,39 @@ def _op_name(ev: Any) -> str:
     return normalise_op(m.group(1) if m else name)
 
 
+BACKEND_PREFIXES = ("gloo:", "nccl:", "ucc:", "mpi:", "xccl:")
+# Ops a backend may run in place of the one the program asked for, beyond the op itself:
+# gloo has no reduce-scatter of its own and runs `_reduce_scatter_base` as an all_reduce
+# of the whole input (torch/csrc/distributed/c10d/ProcessGroupGloo.cpp).
+RUN_AS = {"reduce_scatter": frozenset({"all_reduce"})}
+
+
+def requested_ops(annotations: Sequence[Any], calls: Sequence[Any]) -> list[str | None]:
+    """For each backend annotation (`gloo:all_reduce`), the op of the program's call that
+    it carries out, or None when no call explains it. A process group's backend runs its
+    work in the order the calls were issued, so each annotation, in time order, takes the
+    oldest call issued before it that it can carry out and that no earlier annotation
+    took (`c10d::_reduce_scatter_base_` -> reduce_scatter)."""
+    pending = sorted(((c.ts_us, normalise_op(c.name[len("c10d::"):])) for c in calls), key=lambda t: t[0])
+    taken = [False] * len(pending)
+    first = 0  # every call before it is taken
+    out: list[str | None] = [None] * len(annotations)
+    for i in sorted(range(len(annotations)), key=lambda i: annotations[i].ts_us):
+        ann = annotations[i]
+        runs = _op_name(ann)
+        for j in range(first, len(pending)):
+            ts, op = pending[j]
+            if ts > ann.ts_us:
+                break
+            if not taken[j] and (op == runs or runs in RUN_AS.get(op, ())):
+                taken[j] = True
+                out[i] = op
+                break
+        while first < len(pending) and taken[first]:
+            first += 1
+    return out
+
+
 def _device_spans(trace: Trace, host: list[Any]) -> list[tuple[float, float] | None]:
     """For each host collective annotation, the span of the communication kernels it
     launched (matched through the launch's correlation id), or None."""
@@ -445,7 +479,7 @@ def _timed_events(trace: Trace) -> list[tuple[Any, float, float, str]]:
     on_gpu = [e for e in evs if e.on_gpu and e.collective_name]
     if on_gpu:
         return sorted(((e, e.ts_us, e.ts_us + e.dur_us, "device") for e in on_gpu), key=lambda t: t[1])
-    host = [e for e in evs if not e.on_gpu and e.name.startswith(("gloo:", "nccl:", "ucc:", "mpi:", "xccl:"))]
+    host = [e for e in evs if not e.on_gpu and e.name.startswith(BACKEND_PREFIXES)]
     if not host:
         host = [e for e in evs if not e.on_gpu and e.collective_name]
     host.sort(key=lambda e: e.ts_us)
@@ -470,15 +504,20 @@ def collective_calls(trace: Trace, steps: tuple[StepSpan, ...]) -> list[Collecti
     pgs = trace.distributed.pg_config if trace.distributed else ()
     default_pg = pgs[0] if len(pgs) == 1 else None
     starts = np.array([s.start_us for s in steps])
+    timed = _timed_events(trace)
+    annotations = [e for e, *_ in timed if e.name.startswith(BACKEND_PREFIXES)]
+    calls = [e for e in trace.collectives if e.name.startswith("c10d::") and not e.on_gpu]
+    asked = dict(zip(map(id, annotations), requested_ops(annotations, calls)))
     out = []
-    for e, t0, t1, timing in _timed_events(trace):
+    for e, t0, t1, timing in timed:
         step = None
         if steps:
             i = int(np.searchsorted(starts, e.ts_us, side="right")) - 1
             step = steps[i].step if i >= 0 else None
         size = _dtype_bytes(e.dtype) or _dtype_bytes(e.input_type)
         n = max(e.in_msg_nelems or 0, e.out_msg_nelems or 0) or _numel(e.input_dims)
-        op = _op_name(e)
+        runs = _op_name(e)
+        op = asked.get(id(e)) or runs
         group = e.group_size or (default_pg.size if default_pg else None)
         if not e.out_msg_nelems and n and op == "all_gather" and group:
             n *= group  # the host records the input shard; the message is the gathered size
@@ -495,6 +534,7 @@ def collective_calls(trace: Trace, steps: tuple[StepSpan, ...]) -> list[Collecti
                 dur_us=t1 - t0,
                 on_gpu=timing == "device",
                 timing=timing,
+                implementation=e.name if runs != op else None,
             )
         )
     return out

@@ -57,6 +57,9 @@ _MAX_CUT_RETRIES = 16
 CPU_OP_CATEGORIES: frozenset[str] = frozenset({"cpu_op", "user_annotation"})
 SYNC_EVENT_NAMES: frozenset[str] = frozenset({"Event Sync", "Context Sync"})
 _COMM_ANNOTATION_PREFIXES = ("nccl:", "gloo:", "ucc:", "mpi:", "xccl:")
+# The program's own call (`c10d::_reduce_scatter_base_`): kept beside the backend's
+# annotations to name what the program asked for (a backend may run it as another op).
+_C10D_PREFIX = "c10d::"
 _STEP, _SYNC, _COMM = 1, 2, 4  # name flags
 
 I64 = npt.NDArray[np.int64]
@@ -199,7 +202,8 @@ class StepMark:
 @dataclass(frozen=True)
 class CollectiveEvent:
     """A collective as the trace records it: ``record_param_comms`` ops and NCCL
-    kernels with ``Collective name`` args, and ``nccl:*``/``gloo:*`` annotations."""
+    kernels with ``Collective name`` args, ``nccl:*``/``gloo:*`` annotations, and the
+    program's ``c10d::*`` calls."""
 
     name: str
     cat: str
@@ -366,7 +370,7 @@ class _Extractor:
         self.name_flags.append(
             (_STEP if "ProfilerStep" in text else 0)
             | (_SYNC if text in SYNC_EVENT_NAMES else 0)
-            | (_COMM if text.startswith(_COMM_ANNOTATION_PREFIXES) else 0))
+            | (_COMM if text.startswith(_COMM_ANNOTATION_PREFIXES) or text.startswith(_C10D_PREFIX) else 0))
         return nid
 
     def _cat_id(self, cat: str) -> int:

@@ -107,6 +107,9 @@ class Collective:
     group_size: int | None = None
     ranks_matched: int = 0
     wait_by_rank_us: dict[str, float] = field(default_factory=dict)
+    # the backend's own name when it runs the op as another (gloo: `gloo:all_reduce` for a
+    # reduce_scatter); `op` is always what the program asked for
+    implementation: str | None = None
 
 
 @dataclass(frozen=True)

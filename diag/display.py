@@ -168,6 +168,11 @@ def ordered_collectives(a: Analysis) -> list[Collective]:
     return sorted(a.collectives, key=lambda c: (-c.total_us, c.op, c.process_group))
 
 
+def op_text(c: Collective) -> str:
+    """The op the program asked for, and how the backend ran it when that differs."""
+    return f"{c.op} (as {c.implementation})" if c.implementation else c.op
+
+
 def ordered_notices(a: Analysis) -> list[Notice]:
     """Errors, then warnings, then the rest; the analysis' order within a level."""
     return sorted(a.notices, key=lambda n: NOTICE_ORDER.get(n.level, len(NOTICE_ORDER)))

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from pardiag.analysis import Analysis, RankResult
 from pardiag.display import (
+    op_text,
     action_env_text,
     exposed_words,
     fact_text,
@@ -72,7 +73,7 @@ def collective_table(a: Analysis, limit: int = 10) -> Table:
         t.add_column(col, justify="left" if col in ("op", "group") else "right", overflow="fold")
     for c in ordered_collectives(a)[:limit]:
         t.add_row(
-            c.op,
+            op_text(c),
             c.process_group,
             str(c.calls),
             f"{c.bytes / 1e6:.1f}" if c.bytes else "-",

@@ -24,6 +24,7 @@ from plotly.offline import get_plotlyjs
 from pardiag import style
 from pardiag.analysis import Analysis, Collective, Finding, RankResult
 from pardiag.display import (
+    op_text,
     WORST_N,
     action_env_text,
     clip,
@@ -202,7 +203,7 @@ def _collective_labels(cs: Sequence[Collective]) -> list[str]:
     seen: dict[str, int] = {}
     out = []
     for c in cs:
-        base = _label(f"{c.op} · {c.process_group}", 56)
+        base = _label(f"{op_text(c)} · {c.process_group}", 56)
         seen[base] = seen.get(base, 0) + 1
         out.append(base if seen[base] == 1 else f"{base} ({seen[base]})")
     return out

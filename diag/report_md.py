@@ -11,6 +11,7 @@ from typing import Iterable, Sequence
 
 from pardiag.analysis import Analysis, Finding, RankResult
 from pardiag.display import (
+    op_text,
     MAX_TEXT,
     RANK_VALUE_HEADER,
     WORST_N,
@@ -136,7 +137,7 @@ def _collective_lines(a: Analysis) -> list[str]:
     if not a.collectives:
         return []
     top = ordered_collectives(a)[:TOP_COLLECTIVES]
-    rows = ([md_text(c.op, 60), md_text(c.process_group, 60), str(c.calls),
+    rows = ([md_text(op_text(c), 60), md_text(c.process_group, 60), str(c.calls),
              f"{c.bytes / 1e6:.1f}" if c.bytes else "-", ms(c.transfer_us), ms(c.wait_us),
              f"{c.busbw_gbps:.2f}" if c.busbw_gbps is not None else "-"] for c in top)
     more = len(a.collectives) - len(top)

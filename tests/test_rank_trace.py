@@ -110,3 +110,32 @@ def test_item_reads_are_counted_once_on_a_real_gpu_trace() -> None:
     ops = op_stats(load_trace(path), (float("-inf"), float("inf")))
     assert ops["item_calls"] == 3
     assert ops["sync_calls"] == 0  # cudaMemcpyAsync is not a sync call by itself
+
+
+def test_collectives_are_named_by_what_the_program_asked_for(tmp_path: Path) -> None:
+    """gloo runs `_reduce_scatter_base` as an all_reduce of the whole input on its own
+    thread: the collective is a reduce_scatter (the program's `c10d::` call), the
+    backend's op a detail. Each annotation takes the oldest call issued before it that it
+    can carry out; one with no such call (issued before the window) keeps its own name."""
+    from pardiag.analyzers.rank_trace import collective_calls
+
+    gloo = {"Input Dims": [[1000]], "Input type": ["float"]}
+    events = [
+        x("ProfilerStep#1", 0, 10_000, cat="user_annotation"),
+        x("gloo:all_reduce", 50, 100, tid=9, cat="user_annotation", **gloo),  # its call was before the window
+        x("c10d::_reduce_scatter_base_", 1000, 20, **{"External id": 3}),
+        x("c10d::allreduce_", 1100, 20, **{"External id": 4}),  # DDP's bucket, issued after the reduce-scatter
+        x("c10d::_allgather_base_", 1200, 20, **{"External id": 5}),
+        x("gloo:all_reduce", 1150, 300, tid=9, cat="user_annotation", **gloo),
+        x("gloo:all_reduce", 1500, 200, tid=9, cat="user_annotation", **gloo),
+        x("gloo:all_gather", 1800, 100, tid=10, cat="user_annotation", **gloo),
+        x("c10d::barrier", 5000, 10, **{"External id": 6}),  # no annotation follows: names nothing
+    ]
+    trace = load_trace(write_trace(tmp_path / "r0.json", events))
+    calls = collective_calls(trace, ())
+    assert [(c.op, c.implementation, c.start_us, c.bytes) for c in calls] == [
+        ("all_reduce", None, 50, 4000),
+        ("reduce_scatter", "gloo:all_reduce", 1150, 4000),
+        ("all_reduce", None, 1500, 4000),
+        ("all_gather", None, 1800, 8000),  # the gathered size: the input shard x 2 ranks
+    ]

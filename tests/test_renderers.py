@@ -89,3 +89,17 @@ def test_every_renderer_survives_every_shape_of_run(name: str, case: str) -> Non
     assert out.strip() and out == FORMATS[name].render(a)
     for r in a.ranks if len(a.ranks) <= 16 else []:
         assert re.search(RANK_ROW[name].format(rank=r.rank, p50=re.escape(ms(r.step_time_us.p50))), out), f"rank {r.rank}"
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_every_renderer_names_the_op_asked_for_and_how_the_backend_ran_it(name: str) -> None:
+    from dataclasses import replace
+
+    from factories import analysis as build, collective, rank
+
+    rs = replace(collective("reduce_scatter"), implementation="gloo:all_reduce")
+    out = FORMATS[name].render(build([rank(0), rank(1)], collectives=[rs]))
+    if name == "json":
+        assert '"op": "reduce_scatter"' in out and '"implementation": "gloo:all_reduce"' in out
+    else:
+        assert FORMATS[name].quote("reduce_scatter (as gloo:all_reduce)") in out

@@ -372,7 +372,11 @@ def test_fsdp2_collectives_per_process_group(tmp_path: Path) -> None:
     ops = {c["op"]: c for c in doc["collectives"]}
     # 4 sharded layers + the root: all-gathers in forward and again in backward, every step
     assert ops["all_gather"]["calls"] >= 2 * 4 * 2 and ops["all_gather"]["process_group"] == "0:default_pg"
-    assert "reduce_scatter" in ops or "all_reduce" in ops  # gloo reduces gradients with all-reduce
+    # named by what FSDP asked for (`c10d::_reduce_scatter_base_`), not by how gloo runs it
+    # (an all_reduce of the whole gradient): one per sharded layer per step
+    assert "all_reduce" not in ops and ops["reduce_scatter"]["implementation"] == "gloo:all_reduce"
+    assert ops["reduce_scatter"]["calls"] == 4 * 2 and ops["all_gather"]["implementation"] is None
+    assert ops["reduce_scatter"]["bytes"] == 4 * 2 * (128 * 128 + 128) * 4  # the unsharded gradient, fp32
     (group,) = doc["process_groups"]
     assert group["role"] == "FSDP shard" and group["ranks"] == [0, 1]
 

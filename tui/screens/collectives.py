@@ -10,7 +10,7 @@ from textual.widgets import Static
 
 from pardiag import style
 from pardiag.analysis import Analysis, Collective
-from pardiag.display import ordered_collectives
+from pardiag.display import op_text, ordered_collectives
 from pardiag.tui import format as fmt
 from pardiag.tui.messages import TableViewChanged
 from pardiag.tui.screens.base import PardiagScreen
@@ -51,7 +51,7 @@ def collective_columns(number: dict[int, int]) -> list[Column[Collective]]:
 
     return [
         Column("#", lambda c: f"#{number[id(c)]}", key=lambda c: number[id(c)], descending=False),
-        Column("op", lambda c: c.op, key=lambda c: c.op, descending=False, right=False),
+        Column("op", op_text, key=lambda c: c.op, descending=False, right=False),
         Column("group", lambda c: c.process_group, key=lambda c: c.process_group, descending=False, right=False),
         Column("calls", lambda c: str(c.calls), key=lambda c: c.calls),
         Column("MB", lambda c: fmt.mb(c.bytes), key=lambda c: c.bytes),
