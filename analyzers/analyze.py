@@ -409,6 +409,15 @@ def _self_checks(
     for r, t in sorted(traces.items()):
         for n in t.notices:
             notices.append(Notice("warning", f"rank {r}: {n}"))
+    unsized = sorted({c.op for c in matched.collectives if c.group_size is None and c.algbw_gbps is not None})
+    if unsized:
+        notices.append(Notice("info", f"bus bandwidth left out for {', '.join(unsized)}: the traces do not give the "
+                                      "size of their process group (no 'Group size', 'Process Group Ranks' or "
+                                      "pg_config); the algorithm bandwidth is shown"))
+    if matched.mismatched_size:
+        notices.append(Notice("warning", f"{matched.mismatched_size} collectives have different sizes on different ranks at "
+                                         "the same position: not the same operation (a sampled trace, or process groups "
+                                         "the traces do not name); left out of the matching"))
     if matched.launch_only:
         notices.append(Notice("warning", f"{matched.launch_only} NCCL collectives have no kernel in the traces "
                                          "(a sampled or CPU-only trace): counted, but not timed"))

@@ -44,6 +44,7 @@ class MatchResult:
     mismatched: int  # same position, different op: the ranks disagree on the order
     launch_only: int = 0  # NCCL calls whose kernels are not in the trace: not timed
     mismatched_unnamed: int = 0  # of the mismatched, those whose process group is not named
+    mismatched_size: int = 0  # same position and op, different sizes on different ranks (not all-to-all)
 
 
 def _key(calls: Sequence[CollectiveCall]) -> list[tuple[str, int | None, int]]:
@@ -58,7 +59,7 @@ def _key(calls: Sequence[CollectiveCall]) -> list[tuple[str, int | None, int]]:
 
 def match(per_rank: Mapping[int, Sequence[CollectiveCall]]) -> MatchResult:
     instances: dict[tuple[str, int | None, int], dict[int, CollectiveCall]] = defaultdict(dict)
-    for rank, calls in per_rank.items():
+    for rank, calls in sorted(per_rank.items()):  # rank order: results never depend on arrival order
         for key, call in zip(_key(calls), calls):
             instances[key][rank] = call
 
@@ -67,7 +68,7 @@ def match(per_rank: Mapping[int, Sequence[CollectiveCall]]) -> MatchResult:
     wait_by_rank: dict[int, float] = defaultdict(float)
     transfer_by_rank: dict[int, float] = defaultdict(float)
     wait_detail: dict[tuple[str, str], dict[int, float]] = defaultdict(lambda: defaultdict(float))
-    unmatched = mismatched = launch_only = unnamed = 0
+    unmatched = mismatched = launch_only = unnamed = mismatched_size = 0
     for key in sorted(instances, key=lambda k: (k[0], -1 if k[1] is None else k[1], k[2])):
         by_rank = instances[key]
         ops = {c.op for c in by_rank.values()}
@@ -75,9 +76,15 @@ def match(per_rank: Mapping[int, Sequence[CollectiveCall]]) -> MatchResult:
             mismatched += 1
             unnamed += key[0].startswith("?")
             continue
+        first = next(iter(by_rank.values()))
+        sizes = [c.bytes for c in by_rank.values() if c.bytes]
+        if len(set(sizes)) > 1 and not _uneven_ok(first.op):
+            # an all-reduce of 19 MB on one rank and 26 MB on the other is not one collective:
+            # the ranks' k-th calls are different operations (a sampled trace, unnamed groups)
+            mismatched_size += 1
+            continue
         if len(by_rank) < 2:
             unmatched += 1
-        first = next(iter(by_rank.values()))
         if any(c.timing == "launch" for c in by_rank.values()):
             # only the enqueue was seen: count it, do not time it
             durs = {r: 0.0 for r in by_rank}
@@ -93,7 +100,7 @@ def match(per_rank: Mapping[int, Sequence[CollectiveCall]]) -> MatchResult:
         a["calls"] += 1
         a["total"] += mean
         a["transfer"] += transfer
-        size = next((c.bytes for c in by_rank.values() if c.bytes), None)
+        size = round(sum(sizes) / len(sizes)) if sizes else None  # all-to-all: each rank's own share, averaged
         if size and transfer > 0:
             a["bytes"] += size
             a["sized"] += 1
@@ -108,7 +115,9 @@ def match(per_rank: Mapping[int, Sequence[CollectiveCall]]) -> MatchResult:
         a, m = agg[ident], meta[ident]
         op, pg = ident
         algbw = a["bytes"] / a["sized_transfer"] / 1e3 if a["sized_transfer"] > 0 and a["bytes"] else None
-        n = m["group_size"] if isinstance(m["group_size"], int) else len(m["ranks"])  # type: ignore[arg-type]
+        # the group's size from the traces; unknown, busbw stays empty (the ranks matched are
+        # the ranks analysed, not the group: 2 of a sampled 128-rank job)
+        n = m["group_size"] if isinstance(m["group_size"], int) else None
         factor = bus_factor(op, n)
         out.append(
             Collective(
@@ -127,7 +136,15 @@ def match(per_rank: Mapping[int, Sequence[CollectiveCall]]) -> MatchResult:
                 implementation=m["implementation"] if isinstance(m["implementation"], str) else None,
             )
         )
-    return MatchResult(out, dict(wait_by_rank), dict(transfer_by_rank), unmatched, mismatched, launch_only, unnamed)
+    return MatchResult(out, dict(wait_by_rank), dict(transfer_by_rank), unmatched, mismatched, launch_only, unnamed,
+                       mismatched_size)
+
+
+def _uneven_ok(op: str) -> bool:
+    """Ops whose ranks may legitimately send different amounts (all_to_all with uneven
+    splits; point-to-point pairs)."""
+    return any(k in op for k in ("all_to_all", "alltoall", "send", "recv", "gather", "scatter")) and not any(
+        k in op for k in ("all_gather", "reduce_scatter"))
 
 
 def clock_offsets(per_rank_ends: Mapping[int, Sequence[tuple[tuple[str, int | None, int], float]]]) -> dict[int, float]:

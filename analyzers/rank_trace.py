@@ -493,6 +493,21 @@ def _timed_events(trace: Trace) -> list[tuple[Any, float, float, str]]:
     return out
 
 
+def _group_size(e: Any, pgs: Sequence[Any], default_pg: Any) -> int | None:
+    """The size of the collective's process group as the trace records it: the op's own
+    `Group size` or `Process Group Ranks`, else its group's entry in `pg_config`, else the
+    only group there is; None when the trace does not say (never the number of ranks
+    that happen to be analysed: a sampled job would get its bandwidth wrong)."""
+    if e.group_size:
+        return int(e.group_size)
+    if e.pg_ranks:
+        return len(e.pg_ranks)
+    named = next((p.size for p in pgs if e.pg_name is not None and p.name == e.pg_name and p.size), None)
+    if named:
+        return int(named)
+    return default_pg.size if default_pg is not None else None
+
+
 def collective_calls(trace: Trace, steps: tuple[StepSpan, ...]) -> list[CollectiveCall]:
     """Collectives in issue order, each timed where its data moves:
     - NCCL kernels that carry their collective's arguments (recent PyTorch): as they are;
@@ -518,7 +533,7 @@ def collective_calls(trace: Trace, steps: tuple[StepSpan, ...]) -> list[Collecti
         n = max(e.in_msg_nelems or 0, e.out_msg_nelems or 0) or _numel(e.input_dims)
         runs = _op_name(e)
         op = asked.get(id(e)) or runs
-        group = e.group_size or (default_pg.size if default_pg else None)
+        group = _group_size(e, pgs, default_pg)
         if not e.out_msg_nelems and n and op == "all_gather" and group:
             n *= group  # the host records the input shard; the message is the gathered size
         pg = e.pg_name or (default_pg.name if default_pg else "?")

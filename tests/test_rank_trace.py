@@ -139,3 +139,38 @@ def test_collectives_are_named_by_what_the_program_asked_for(tmp_path: Path) -> 
         ("all_reduce", None, 1500, 4000),
         ("all_gather", None, 1800, 8000),  # the gathered size: the input shard x 2 ranks
     ]
+
+
+def _call(op: str, nbytes: int, dur: float, group: int | None = 2, step: int = 1) -> "CollectiveCall":
+    from pardiag.analyzers.rank_trace import CollectiveCall
+
+    return CollectiveCall(step=step, op=op, process_group="?", group_size=group, bytes=nbytes, start_us=0.0,
+                          dur_us=dur, on_gpu=True, timing="device")
+
+
+def test_matching_does_not_depend_on_the_order_ranks_arrive_in() -> None:
+    """Traces are parsed in a pool; the rank whose result came first used to give each
+    matched collective its size. Sizes that differ between ranks at the same position
+    mean different operations (except all-to-all, whose ranks send uneven shares)."""
+    from pardiag.analyzers.collectives import match
+
+    r0 = [_call("all_reduce", 4_000_000, 100.0), _call("all_to_all", 1_000_000, 50.0), _call("all_reduce", 2_000_000, 40.0)]
+    r1 = [_call("all_reduce", 4_000_000, 300.0), _call("all_to_all", 3_000_000, 70.0), _call("all_reduce", 5_000_000, 40.0)]
+    a, b = match({0: r0, 1: r1}), match({1: r1, 0: r0})
+    assert a == b
+    assert a.mismatched_size == 1  # the third: 2 MB on rank 0, 5 MB on rank 1
+    by_op = {c.op: c for c in a.collectives}
+    assert by_op["all_reduce"].calls == 1 and by_op["all_reduce"].bytes == 4_000_000
+    assert by_op["all_reduce"].transfer_us == 100.0 and by_op["all_reduce"].wait_by_rank_us == {"0": 0.0, "1": 200.0}
+    assert by_op["all_reduce"].algbw_gbps == 4_000_000 / 100.0 / 1e3  # 40 GB/s
+    assert by_op["all_reduce"].busbw_gbps == 40.0 * 2 * (2 - 1) / 2
+    assert by_op["all_to_all"].bytes == 2_000_000  # each rank's share, averaged
+
+
+def test_no_bus_bandwidth_without_the_group_size() -> None:
+    """Two ranks analysed of a 128-rank job: the group is not the ranks that were matched."""
+    from pardiag.analyzers.collectives import match
+
+    a = match({0: [_call("all_reduce", 4_000_000, 100.0, group=None)], 1: [_call("all_reduce", 4_000_000, 100.0, group=None)]})
+    (c,) = a.collectives
+    assert c.algbw_gbps == 40.0 and c.busbw_gbps is None and c.group_size is None and c.ranks_matched == 2
