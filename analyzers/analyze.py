@@ -414,6 +414,10 @@ def _self_checks(
         notices.append(Notice("info", f"bus bandwidth left out for {', '.join(unsized)}: the traces do not give the "
                                       "size of their process group (no 'Group size', 'Process Group Ranks' or "
                                       "pg_config); the algorithm bandwidth is shown"))
+    if matched.unmatched:
+        notices.append(Notice("warning", f"{matched.unmatched} collectives appear in one rank's trace only (profiled windows "
+                                         "that cover different steps, or a sampled trace): left out of the collective "
+                                         "times, as their wait cannot be told from their transfer"))
     if matched.mismatched_size:
         notices.append(Notice("warning", f"{matched.mismatched_size} collectives have different sizes on different ranks at "
                                          "the same position: not the same operation (a sampled trace, or process groups "

@@ -40,7 +40,7 @@ class MatchResult:
     collectives: list[Collective]
     wait_by_rank_us: dict[int, float]
     transfer_by_rank_us: dict[int, float]
-    unmatched: int  # collectives seen on only one rank
+    unmatched: int  # collectives seen on only one rank of several: left out
     mismatched: int  # same position, different op: the ranks disagree on the order
     launch_only: int = 0  # NCCL calls whose kernels are not in the trace: not timed
     mismatched_unnamed: int = 0  # of the mismatched, those whose process group is not named
@@ -83,8 +83,11 @@ def match(per_rank: Mapping[int, Sequence[CollectiveCall]]) -> MatchResult:
             # the ranks' k-th calls are different operations (a sampled trace, unnamed groups)
             mismatched_size += 1
             continue
-        if len(by_rank) < 2:
+        if len(by_rank) < 2 and len(per_rank) > 1:
+            # seen on one rank only (windows that start or end at different steps): its
+            # duration holds an unknown wait, so it is counted, not timed as a transfer
             unmatched += 1
+            continue
         if any(c.timing == "launch" for c in by_rank.values()):
             # only the enqueue was seen: count it, do not time it
             durs = {r: 0.0 for r in by_rank}

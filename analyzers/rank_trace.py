@@ -206,7 +206,7 @@ def analyze_rank_trace(trace: Trace, drop_last_step: bool = False) -> RankTrace:
         breakdown_us=breakdown,
         phases_us=phases,
         phases_per_step_us={k: v for k, v in phases_per_step.items() if k >= 0},
-        collectives=tuple(collective_calls(trace, steps)),
+        collectives=tuple(collective_calls(trace, steps, window)),
         threads={"main": main_tid if main_tid is not None else -1, "backward": len(bwd_tids)},
         notices=tuple(notices),
         world_size=trace.distributed.world_size if trace.distributed else None,
@@ -508,14 +508,17 @@ def _group_size(e: Any, pgs: Sequence[Any], default_pg: Any) -> int | None:
     return default_pg.size if default_pg is not None else None
 
 
-def collective_calls(trace: Trace, steps: tuple[StepSpan, ...]) -> list[CollectiveCall]:
+def collective_calls(trace: Trace, steps: tuple[StepSpan, ...],
+                     window: tuple[float, float] | None = None) -> list[CollectiveCall]:
     """Collectives in issue order, each timed where its data moves:
     - NCCL kernels that carry their collective's arguments (recent PyTorch): as they are;
     - otherwise the host annotation (`nccl:*`, `gloo:*`) with its size; for NCCL the
       time is that of the kernels it launched (found through the correlation ids); a
       host annotation whose kernels are not in the trace has no transfer time
       (`timing="launch"`): NCCL's host side only enqueues the work;
-    - gloo runs the collective on its own threads: the span is the operation."""
+    - gloo runs the collective on its own threads: the span is the operation.
+    With a `window` (the profiled steps), each call is clipped to it and a call wholly
+    outside it is left out: only the window's time is compared with the window."""
     pgs = trace.distributed.pg_config if trace.distributed else ()
     default_pg = pgs[0] if len(pgs) == 1 else None
     starts = np.array([s.start_us for s in steps])
@@ -525,9 +528,13 @@ def collective_calls(trace: Trace, steps: tuple[StepSpan, ...]) -> list[Collecti
     asked = dict(zip(map(id, annotations), requested_ops(annotations, calls)))
     out = []
     for e, t0, t1, timing in timed:
+        if window is not None:
+            if t1 <= window[0] or t0 >= window[1]:
+                continue
+            t0, t1 = max(t0, window[0]), min(t1, window[1])
         step = None
         if steps:
-            i = int(np.searchsorted(starts, e.ts_us, side="right")) - 1
+            i = int(np.searchsorted(starts, max(e.ts_us, t0), side="right")) - 1
             step = steps[i].step if i >= 0 else None
         size = _dtype_bytes(e.dtype) or _dtype_bytes(e.input_type)
         n = max(e.in_msg_nelems or 0, e.out_msg_nelems or 0) or _numel(e.input_dims)

@@ -174,3 +174,33 @@ def test_no_bus_bandwidth_without_the_group_size() -> None:
     a = match({0: [_call("all_reduce", 4_000_000, 100.0, group=None)], 1: [_call("all_reduce", 4_000_000, 100.0, group=None)]})
     (c,) = a.collectives
     assert c.algbw_gbps == 40.0 and c.busbw_gbps is None and c.group_size is None and c.ranks_matched == 2
+
+
+def test_collectives_are_clipped_to_the_profiled_window(tmp_path: Path) -> None:
+    """Only the window's time is compared with the window: a call that began before the
+    first profiled step counts from the step's start, one after the last step not at all."""
+    gloo = {"Input Dims": [[1000]], "Input type": ["float"]}
+    events = [
+        x("ProfilerStep#5", 1000, 1000, cat="user_annotation"),
+        x("aten::linear", 1100, 300),
+        x("gloo:all_reduce", 900, 200, tid=9, cat="user_annotation", **gloo),
+        x("gloo:all_reduce", 1500, 200, tid=9, cat="user_annotation", **gloo),
+        x("gloo:all_reduce", 1950, 300, tid=9, cat="user_annotation", **gloo),
+        x("gloo:all_reduce", 2500, 100, tid=9, cat="user_annotation", **gloo),
+    ]
+    r = analyze_rank_trace(load_trace(write_trace(tmp_path / "r0.json", events)))
+    assert r.window_us == 1000
+    assert [(c.start_us, c.dur_us, c.step) for c in r.collectives] == [(1000, 100, 5), (1500, 200, 5), (1950, 50, 5)]
+    assert sum(c.dur_us for c in r.collectives) <= r.window_us
+
+
+def test_a_collective_seen_on_one_rank_only_is_reported_not_timed() -> None:
+    from pardiag.analyzers.collectives import match
+
+    r0 = [_call("all_reduce", 4_000_000, 100.0), _call("all_reduce", 4_000_000, 900.0, step=2)]
+    r1 = [_call("all_reduce", 4_000_000, 300.0)]  # its window ended before step 2
+    a = match({0: r0, 1: r1})
+    assert a.unmatched == 1 and a.collectives[0].calls == 1
+    assert a.transfer_by_rank_us == {0: 100.0, 1: 100.0} and a.wait_by_rank_us == {0: 0.0, 1: 200.0}
+    alone = match({0: r0})  # one rank analysed: nothing to match against, every call counts
+    assert alone.unmatched == 0 and alone.collectives[0].calls == 2
