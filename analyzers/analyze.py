@@ -202,7 +202,7 @@ def analyze_path(
         {r: end_times(t.collectives, (summaries[r].base_time_ns or 0) / 1e3) for r, t in traces.items()}
     )
     if offsets and max(abs(v) for v in offsets.values()) > SKEW_WARN_US:
-        notices.append(Notice("warning", f"clocks differ by up to {max(abs(v) for v in offsets.values()) / 1e6:.1f} s between ranks; cross-rank timelines are aligned from collective end times"))
+        notices.append(Notice("warning", f"clocks differ by up to {max(abs(v) for v in offsets.values()) / 1e6:.1f} s between ranks; measured from collective end times (run.clock_offsets_us). pardiag compares durations across ranks, never clock times, so its figures do not depend on them"))
     hta = _hta(inputs, summaries, notices) if use_hta else None
     nccl, nccl_report = _nccl(run, nccl_logs, world, notices)
     telemetry = _telemetry(run, notices) if run is not None else {}
