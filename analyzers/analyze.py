@@ -403,9 +403,16 @@ def _self_checks(
     run: rundir.RunDir | None,
     inputs: list[RankInput],
 ) -> None:
+    comm_us = sum(t.breakdown_us.get("comm_exposed", 0.0) + t.breakdown_us.get("comm_overlapped", 0.0)
+                  for t in traces.values())
     if world > 1 and traces and not any(t.collectives for t in traces.values()):
-        notices.append(Notice("warning", f"a {world}-rank job with no communication in any trace: "
-                                         "is the model wrapped in DDP/FSDP, or were the collectives outside the window?"))
+        if comm_us > 0:  # kernels that move data without a collective record (DeepEP, NVSHMEM)
+            notices.append(Notice("info", f"communication kernels ran ({comm_us / 1000:.1f} ms over the ranks) but no "
+                                          "collective was recorded (expert-parallel libraries such as DeepEP move data "
+                                          "in kernels of their own): counted as communication, not matched across ranks"))
+        else:
+            notices.append(Notice("warning", f"a {world}-rank job with no communication in any trace: is the model "
+                                             "wrapped in DDP/FSDP, or were the collectives outside the window?"))
     for r, t in sorted(traces.items()):
         for n in t.notices:
             notices.append(Notice("warning", f"rank {r}: {n}"))

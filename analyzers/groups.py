@@ -35,13 +35,15 @@ def role_of(desc: str, ranks: Sequence[int], world: int, ops: Mapping[str, int],
         if desc and pattern.search(desc):
             return role
     names = " ".join(ops)
+    if not ops:
+        return "no traffic in the window"  # nothing says what it is for
     if "all_gather" in names and ("reduce_scatter" in names or (fsdp and "all_reduce" in names)):
         return "FSDP shard"
     if "send" in names or "recv" in names:
         return "pipeline-parallel"
     size = len(ranks)
     if size and size == world:
-        return "data-parallel" if "all_reduce" in names or not ops else "all ranks"
+        return "data-parallel" if "all_reduce" in names else "all ranks"
     if size > 1:
         steps = {b - a for a, b in zip(ranks, ranks[1:])}
         if steps == {1} and "all_reduce" in names:

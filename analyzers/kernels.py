@@ -7,7 +7,8 @@ Kinds follow HTA 0.5 (``hta/utils/utils.py: get_kernel_type``), checked in this 
    (``ncclKernel_AllReduce_RING_LL_Sum_float(...)``) and RCCL
    (``ncclDevKernel_Generic(...)``). pardiag adds rows HTA 0.5 misses: names with a
    return type in front or in other letter case (``void ncclDevKernel_...<...>``,
-   ``nccldevkernel_...``) and Habana's ``hccl`` kernels.
+   ``nccldevkernel_...``), Habana's ``hccl`` kernels, and expert-parallel libraries
+   that move data in kernels of their own (DeepEP, NVSHMEM, MORI).
 2. MEMORY: ``^Memcpy|^Memset|^dma``; pardiag also counts every event of category
    ``gpu_memcpy`` / ``gpu_memset`` as memory, whatever its name (AMD names copies
    ``CopyHostToDevice``).
@@ -69,6 +70,25 @@ RULES: tuple[KernelRule, ...] = (
     KernelRule(
         KernelKind.COMMUNICATION, re.compile(r"^hccl"),
         "Habana HCCL kernels (HTA after 0.5)", ("hcclAllReduce",), hta=False),
+    KernelRule(
+        KernelKind.COMMUNICATION, re.compile(r".*\bdeep_ep::(intranode|internode|internode_ll)::"),
+        "DeepEP expert-parallel kernels (csrc/kernels/intranode.cu, internode.cu, internode_ll.cu): "
+        "dispatch, combine and their notify/clean steps move tokens between ranks over NVLink "
+        "and RDMA; deep_ep::layout:: computes, and stays compute",
+        ("void deep_ep::intranode::dispatch<8, 768, 8192>(int4*, float*, int*, long*, float*, int*, int*)",
+         "void deep_ep::internode_ll::combine<false, 7168, 9>(void*, void*, int*, void const*)",
+         "void deep_ep::internode::notify_dispatch<false, 8>(int const*, int*, int, int const*)"),
+        hta=False),
+    KernelRule(
+        KernelKind.COMMUNICATION, re.compile(r".*\bnvshmemi?_"),
+        "NVSHMEM's own kernels (one-sided puts, gets, barriers between GPUs)",
+        ("nvshmemi_barrier_all_kernel", "void nvshmemi_transfer_rma_kernel<float>(void*, void const*, unsigned long)"),
+        hta=False),
+    KernelRule(
+        KernelKind.COMMUNICATION, re.compile(r".*\bmori::moe::Ep(Dispatch|Combine)"),
+        "MORI expert-parallel dispatch/combine kernels (ROCm)",
+        ("void mori::moe::EpDispatchIntraNodeKernel<__hip_bfloat16>(mori::moe::EpDispatchCombineArgs<__hip_bfloat16>)",),
+        hta=False),
     KernelRule(
         KernelKind.MEMORY, re.compile(r"(^Memcpy)|(^Memset)|(^dma)"),
         "HTA 0.5 MEMORY_KERNEL_RE",

@@ -174,3 +174,26 @@ def test_reports_hide_the_home_directory_and_secrets(two_ranks: Path, tmp_path: 
         assert f"{home}/work" not in text and f"{home}/data" not in text and "ghp_xxx" not in text and "sk-yyy" not in text
         if fmt != "md":  # the PR comment does not repeat the command
             assert "~/work/train.py" in text
+
+
+def test_expert_parallel_kernels_are_communication_not_compute(tmp_path: Path) -> None:
+    """DeepEP moves tokens in kernels of its own, with no collective record: 300 us of
+    dispatch and combine per step are communication, and the job is not told it has none."""
+    from tracegen import launch, launched_kernel, meta_events, step, write_kineto_trace
+
+    for r in (0, 1):
+        write_kineto_trace(tmp_path / f"rank{r}.json", [
+            *meta_events(), step(1, 0, 2000),
+            launch(1, 10), launched_kernel("void deep_ep::intranode::dispatch<8, 768, 8192>(int4*, float*)", 100, 200, 1),
+            launch(2, 20), launched_kernel("sm90_xmma_gemm_bf16bf16_bf16f32", 300, 1000, 2),
+            launch(3, 30), launched_kernel("void deep_ep::intranode::combine<__nv_bfloat16, 8, 768>(int4*)", 1300, 100, 3),
+            launch(4, 40), launched_kernel("void deep_ep::layout::get_dispatch_layout<256, 32, 8>(long const*)", 1400, 50, 4),
+        ], rank=r)
+    from pardiag.analyzers.analyze import analyze_path
+
+    a = analyze_path(tmp_path, jobs=1)
+    for r in a.ranks:
+        assert r.gpu is not None and r.gpu.comm_us == 300.0 and r.gpu.compute_us == 1050.0
+    messages = [n.message for n in a.notices]
+    assert not any("no communication in any trace" in m for m in messages), messages
+    assert any("communication kernels ran (0.6 ms over the ranks)" in m for m in messages), messages

@@ -204,3 +204,12 @@ def test_a_collective_seen_on_one_rank_only_is_reported_not_timed() -> None:
     assert a.transfer_by_rank_us == {0: 100.0, 1: 100.0} and a.wait_by_rank_us == {0: 0.0, 1: 200.0}
     alone = match({0: r0})  # one rank analysed: nothing to match against, every call counts
     assert alone.unmatched == 0 and alone.collectives[0].calls == 2
+
+
+def test_a_group_without_traffic_is_not_called_data_parallel() -> None:
+    from pardiag.analyzers.groups import role_of
+
+    assert role_of("", [0, 1, 2, 3], 4, {}) == "no traffic in the window"
+    assert role_of("", [0, 1, 2, 3], 4, {"all_reduce": 3}) == "data-parallel"
+    assert role_of("", [0, 1, 2, 3], 4, {"broadcast": 1}) == "all ranks"
+    assert role_of("mesh_tp", [0, 1], 4, {}) == "tensor-parallel"  # named by PyTorch: its name says
