@@ -146,8 +146,9 @@ def socket_fallback_with_ib(ctx: RuleContext) -> list[Finding]:
         verdict = ("deliberate: NCCL was told not to use InfiniBand; likely a leftover work-around, "
                    "a configuration mistake unless the HCAs are known to be broken")
     elif here:
-        verdict = ("very likely a configuration mistake: NCCL lists the HCAs but its network is Socket "
-                   "(the IB transport or the net plugin failed, or NCCL_IB_HCA names no usable port)")
+        verdict = ("very likely a configuration mistake: the HCAs are there (NET/IB lists them, or an IP-over-IB "
+                   "interface carries the traffic) but NCCL's network is Socket (the IB transport found no usable "
+                   "port, the net plugin failed, or NCCL_IB_HCA names none)")
     else:
         verdict = ("very likely a configuration mistake: hosts " + ", ".join(sorted({_node(p) for p in elsewhere}))
                    + " see no HCA while " + ", ".join(ib_nodes) + " list them (device not passed to the "
@@ -158,7 +159,7 @@ def socket_fallback_with_ib(ctx: RuleContext) -> list[Finding]:
     ib_seen = [h for p in report.processes if _node(p) in ib_nodes for h in _ib_hardware(p)]
     evidence = [f"Socket network with InfiniBand present: {verdict}", IB_CHECKS]
     evidence += [h for p in here for h in _ib_hardware(p)] + overrides
-    evidence += [h for p in elsewhere for h in _ib_missing(p)] + ([] if here else ib_seen[:1])
+    evidence += [h for p in procs for h in _ib_missing(p)] + ([] if here else ib_seen[:1])
     evidence += [f"{_who(p)} Using network {p.network}" for p in procs]
     return [_finding("high", "NCCL falls back to TCP sockets although InfiniBand/RoCE is present", evidence,
                      _ranks(procs), env, env_doc("NCCL_NET"))]
@@ -406,6 +407,8 @@ def version_mismatch(ctx: RuleContext) -> list[Finding]:
     nodes: set[str] = set()
     for name, values in checks:
         lines = _differing(values)
+        if lines and name == "NCCL version" and all(v.startswith("RCCL ") for vs in values.values() for v in vs):
+            name = "RCCL version"
         if lines:
             what.append(name)
             evidence += [f"{name} {line}" for line in lines]
@@ -413,7 +416,7 @@ def version_mismatch(ctx: RuleContext) -> list[Finding]:
             nodes |= {k.split(":")[0] for k in values}
     warns = [_mismatch_warning(p, w.message) for p in report.processes for w in p.warnings
              if "Mismatched NCCL version" in w.message]
-    if warns and "NCCL version" not in what:
+    if warns and not any(w.endswith(" version") for w in what):
         what.append("NCCL version")
         nodes.add("?")
     if not what:

@@ -1222,7 +1222,7 @@ def _close_banner(acc: _LogAcc) -> None:
 def _read_banner_field(acc: _LogAcc, text: str) -> bool:
     b = acc.banner
     m = RCCL_FIELD.match(text) if b is not None else None
-    if b is None or m is None or len(b.fields) > RCCL_BANNER_MAX:
+    if b is None or m is None or m["key"] == "RCCL version" or len(b.fields) > RCCL_BANNER_MAX:
         _close_banner(acc)
         return False
     b.fields[m["key"]] = m["val"].strip()
