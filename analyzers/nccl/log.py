@@ -10,13 +10,20 @@ How a line is read:
 1. Wrapper prefixes are stripped (§1.2): Ray ``(RayTrainWorker pid=…, ip=…)``,
    log-shipper ISO timestamps, launcher rank labels (``[rank3]:``, ``0:``,
    ``[1,0]<stdout>:``, ``[3] host:…``), ANSI colour codes and their remnants,
-   Ray's ``[repeated Nx across cluster]``, markdown quotes and backticks.
-2. The NCCL prefix ``host:pid:tid [dev] NCCL INFO|WARN`` (§1.1) names the process;
-   the message is matched against :data:`MESSAGE_RULES`, a table of compiled
-   patterns, first match wins.
-3. Lines without the NCCL prefix are bare version lines (§2) or PyTorch
+   Ray's ``[repeated Nx across cluster]``, markdown quotes and backticks. The Ray
+   worker or rank label is kept as the line's tag.
+2. The NCCL prefix ``host:pid:tid [dev] NCCL INFO|WARN`` (§1.1) names the process; it
+   is also found after text no wrapper rule knows (other launchers, logging
+   frameworks), and ``host:pid:tid`` may be missing (``[0] NCCL INFO …``) or have an
+   empty host. Without ``host:pid`` the tag keeps processes apart. The message is
+   matched against :data:`MESSAGE_RULES`, a table of compiled patterns, first match wins.
+3. Lines without the NCCL prefix are bare version lines (§2), RCCL's banner (its
+   first line may carry the prefix, the rest never do) or PyTorch
    ``ProcessGroupNCCL`` lines (§14): watchdog timeouts, watchdog progress, flight
-   recorder mentions, NCCL errors surfaced as exceptions.
+   recorder mentions, NCCL errors surfaced as exceptions. A bare version line or
+   banner belongs to the process its tag names, else to the process whose line came
+   just before (NCCL prints it right after that process's own lines), else to the
+   banner's ``Hostname``; every version statement is kept in ``version_lines``.
 
 Content never raises: undecodable bytes are replaced, unknown lines are counted.
 Results are frozen dataclasses; ``to_dict()`` gives plain JSON-ready data.
@@ -1324,7 +1331,7 @@ def _read_line(acc: _LogAcc, raw: str) -> None:
     text, label, tag = unwrap(raw[:MAX_LINE_CHARS])
     if not text or text.startswith("#"):  # NCCL and PyTorch never start a line with '#'
         return  # (NCCL writes an empty line before each WARN: the line before still counts as "just before")
-    m = PREFIX.match(text) or PREFIX_INSIDE.search(text)
+    m = PREFIX.match(text) or (PREFIX_INSIDE.search(text) if " NCCL INFO " in text or " NCCL WARN " in text else None)
     if m:
         acc.nccl += 1
         _read_nccl_line(acc, m, tag)
