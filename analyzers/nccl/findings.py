@@ -409,6 +409,7 @@ def version_mismatch(ctx: RuleContext) -> list[Finding]:
         lines = _differing(values)
         if lines and name == "NCCL version" and all(v.startswith("RCCL ") for vs in values.values() for v in vs):
             name = "RCCL version"
+            lines = _differing({k: {v.removeprefix("RCCL ") for v in vs} for k, vs in values.items()})
         if lines:
             what.append(name)
             evidence += [f"{name} {line}" for line in lines]
