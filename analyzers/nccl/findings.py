@@ -61,7 +61,12 @@ def _finding(severity: Severity, title: str, evidence: Iterable[str], ranks: Ite
 
 
 def _who(p: NcclProcess) -> str:
-    return f"{p.host or '?'}:{p.pid if p.pid is not None else '?'}"
+    return p.who
+
+
+def _node(p: NcclProcess) -> str:
+    """The host a process runs on, else its launcher tag (lines without NCCL's prefix)."""
+    return p.host or p.tag or "?"
 
 
 def _ranks(procs: Iterable[NcclProcess]) -> list[int]:
@@ -79,11 +84,23 @@ def _uses_network(report: NcclReport, procs: Sequence[NcclProcess]) -> bool:
 # --------------------------------------------------------------------------- rules
 
 
-def _ib_hints(p: NcclProcess) -> list[str]:
+IB_CHECKS = ("check: NCCL_IB_DISABLE and NCCL_NET (unset both), NCCL_SOCKET_IFNAME (it picks the bootstrap "
+             "and socket interfaces, not the HCAs), NCCL_IB_HCA (must name an active port), the net plugin "
+             "(NCCL_NET_PLUGIN, libnccl-net.so) and, in containers, /dev/infiniband and libibverbs")
+
+
+def _ib_hardware(p: NcclProcess) -> list[str]:
+    """Log lines showing InfiniBand/RoCE hardware on the process's host: NET/IB devices
+    listed, or an IP-over-IB (``ib*``) interface."""
     hints = [f"{_who(p)} NET/IB lists {', '.join(d.name for d in p.ib_devices)}"] if p.ib_devices else []
     ib_ifs = sorted({i.name for i in p.bootstrap + p.socket_interfaces if i.name.startswith("ib")})
     if ib_ifs:
         hints.append(f"{_who(p)} IP-over-IB interface {', '.join(ib_ifs)} in use")
+    return hints
+
+
+def _ib_overrides(p: NcclProcess) -> list[str]:
+    hints = []
     if p.env.get("NCCL_IB_DISABLE", "0") != "0":
         hints.append(f"{_who(p)} NCCL_IB_DISABLE set by environment to {p.env['NCCL_IB_DISABLE']}")
     if p.env.get("NCCL_NET", "").lower() == "socket":
@@ -91,23 +108,59 @@ def _ib_hints(p: NcclProcess) -> list[str]:
     return hints
 
 
+def _ib_missing(p: NcclProcess) -> list[str]:
+    hints = [f"{_who(p)} NET/IB : No device found"] if p.ib_no_device and not p.ib_devices else []
+    hints += [f"{_who(p)} {w.message}" for w in p.warnings if "libibverbs" in w.message][:1]
+    return hints
+
+
+def _ib_hints(p: NcclProcess) -> list[str]:
+    return _ib_hardware(p) + _ib_overrides(p)
+
+
 def socket_fallback_with_ib(ctx: RuleContext) -> list[Finding]:
     """Inter-node traffic over TCP sockets although InfiniBand/RoCE is there.
 
     env_tuning.md §2 (``NCCL_IB_DISABLE``, ``NCCL_NET``) and §8 row "Using network Socket
-    while HCAs exist". Fires when the network is Socket on a multi-node job (or one with
-    NET transport lines) and the log shows IB hardware: NET/IB devices, an ``ib*``
-    interface, ``NCCL_IB_DISABLE`` not 0 or ``NCCL_NET=Socket``. Action: remove those
-    overrides and set ``NCCL_NET=IB`` so a broken IB setup fails instead of falling back.
+    while HCAs exist". Fires when processes use the Socket network (``Using network
+    Socket`` or ``via NET/Socket``) on a multi-node job (or one with NET transport lines)
+    and the log shows InfiniBand hardware on their host (NET/IB devices listed, an
+    ``ib*`` interface) or on another host of the job (then this host said ``NET/IB : No
+    device found`` or could not load libibverbs). Overrides alone (``NCCL_IB_DISABLE``,
+    ``NCCL_NET=Socket``) prove no hardware, and a job without IB devices on sockets is
+    normal: no finding. The first evidence line says how likely a configuration mistake
+    is, the second what to check. Action: remove the overrides and set ``NCCL_NET=IB`` so
+    a broken IB setup fails instead of falling back.
     """
     report = ctx.nccl
-    procs = [p for p in report.processes if p.fabric == "Socket" and _ib_hints(p)]
+    hosts = _host_procs(report)
+    ib_nodes = sorted({_node(p) for p in report.processes if _ib_hardware(p)})
+    procs = [p for p in report.processes if p.fabric == "Socket"
+             and (_node(p) in ib_nodes or (ib_nodes and any(_ib_missing(q) for q in hosts.get(p.host, [p]))))]
     if not procs or not _uses_network(report, procs):
         return []
+    overrides = [h for p in procs for h in _ib_overrides(p)]
+    here = [p for p in procs if _node(p) in ib_nodes]
+    elsewhere = [p for p in procs if _node(p) not in ib_nodes]
+    if overrides:
+        verdict = ("deliberate: NCCL was told not to use InfiniBand; likely a leftover work-around, "
+                   "a configuration mistake unless the HCAs are known to be broken")
+    elif here:
+        verdict = ("very likely a configuration mistake: the HCAs are there (NET/IB lists them, or an IP-over-IB "
+                   "interface carries the traffic) but NCCL's network is Socket (the IB transport found no usable "
+                   "port, the net plugin failed, or NCCL_IB_HCA names none)")
+    else:
+        verdict = ("very likely a configuration mistake: hosts " + ", ".join(sorted({_node(p) for p in elsewhere}))
+                   + " see no HCA while " + ", ".join(ib_nodes) + " list them (device not passed to the "
+                   "container, libibverbs missing, driver down)")
     env: dict[str, str | None] = {"NCCL_IB_DISABLE": None} if any(
         p.env.get("NCCL_IB_DISABLE", "0") != "0" for p in procs) else {}
     env["NCCL_NET"] = "IB"
-    evidence = [h for p in procs for h in _ib_hints(p)] + [f"{_who(p)} Using network {p.network}" for p in procs]
+    ib_seen = [h for p in report.processes if _node(p) in ib_nodes for h in _ib_hardware(p)]
+    evidence = [f"Socket network with InfiniBand present: {verdict}", IB_CHECKS]
+    evidence += [h for p in here for h in _ib_hardware(p)] + overrides
+    evidence += [h for p in procs for h in _ib_missing(p)] + ([] if here else ib_seen[:1])
+    evidence += [f"{_who(p)} Using network {p.network}" for p in procs]
     return [_finding("high", "NCCL falls back to TCP sockets although InfiniBand/RoCE is present", evidence,
                      _ranks(procs), env, env_doc("NCCL_NET"))]
 
@@ -259,17 +312,43 @@ def ib_without_gdrdma(ctx: RuleContext) -> list[Finding]:
                      evidence, _ranks(procs), _gdr_env(ib_procs, no_gdr), env_doc("NCCL_NET_GDR_LEVEL"))]
 
 
-def _host_values(report: NcclReport, of: Callable[[NcclProcess], str | None]) -> dict[str, set[str]]:
+def _split(by_node: dict[str, dict[str, set[str]]]) -> dict[str, set[str]]:
+    """One entry per node; a node whose processes disagree gets one entry per process."""
     out: dict[str, set[str]] = {}
-    for p in report.processes:
-        value = of(p)
-        if p.host and value:
-            out.setdefault(p.host, set()).add(value)
+    for node, whos in by_node.items():
+        values = {v for vs in whos.values() for v in vs}
+        if len(values) > 1 and len(whos) > 1:
+            out.update((who, set(vs)) for who, vs in whos.items())
+        elif values:
+            out[node] = values
     return out
 
 
+def _host_values(report: NcclReport, of: Callable[[NcclProcess], str | None]) -> dict[str, set[str]]:
+    by_node: dict[str, dict[str, set[str]]] = {}
+    for p in report.processes:
+        value = of(p)
+        if value and (p.host or p.tag):
+            by_node.setdefault(_node(p), {}).setdefault(_who(p), set()).add(value)
+    return _split(by_node)
+
+
+UNNAMED = "(process not named)"
+
+
 def _host_versions(report: NcclReport) -> dict[str, set[str]]:
-    return {h.host: set(h.versions) for h in report.hosts if h.versions}
+    """NCCL/RCCL versions per host, from every version line: NCCL's prefixed lines, bare
+    lines given to a process (launcher tag, the line just before), RCCL's banner; a bare
+    line in a file of one host belongs to that host; one nobody can be named for counts
+    as its own process."""
+    by_node: dict[str, dict[str, set[str]]] = {}
+    for log in report.logs:
+        single = log.hosts[0] if len(log.hosts) == 1 else None
+        for v in log.version_lines:
+            node = v.host or v.tag or single or UNNAMED
+            who = v.who if v.host or v.pid is not None else node
+            by_node.setdefault(node, {}).setdefault(who, set()).add(v.text)
+    return _split(by_node)
 
 
 def _differing(values: dict[str, set[str]]) -> list[str]:
@@ -282,38 +361,69 @@ def _differing(values: dict[str, set[str]]) -> list[str]:
 def _minority_ranks(report: NcclReport, values: dict[str, set[str]]) -> list[int]:
     common = Counter(v for vs in values.values() for v in vs).most_common(1)[0][0]
     odd = {h for h, vs in values.items() if vs != {common}}
-    return [r for h in report.hosts if h.host in odd for r in h.ranks]
+    ranks = [r for h in report.hosts if h.host in odd for r in h.ranks]
+    return ranks + [r for p in report.processes if _who(p) in odd or (not p.host and p.tag in odd) for r in p.ranks]
+
+
+MISMATCH_WARN = re.compile(r"Mismatched NCCL version detected : rank (?P<r1>\d+) version (?P<v1>\d+) "
+                           r"rank (?P<r2>\d+) version (?P<v2>\d+)")
+
+
+def version_of_code(code: int) -> str:
+    """NCCL_VERSION_CODE as a version: 22105 is 2.21.5 (2.9 on), 2708 is 2.7.8 (before)."""
+    if code >= 10000:
+        return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
+    return f"{code // 1000}.{code % 1000 // 100}.{code % 100}"
+
+
+def _mismatch_warning(p: NcclProcess, message: str) -> str:
+    m = MISMATCH_WARN.search(message)
+    if not m:
+        return f"{_who(p)} {message}"
+    return (f"{_who(p)} NCCL's own check: rank {m['r1']} runs {version_of_code(int(m['v1']))}, rank {m['r2']} runs "
+            f"{version_of_code(int(m['v2']))} ({message})")
 
 
 def version_mismatch(ctx: RuleContext) -> list[Finding]:
-    """NCCL, net plugin or network differing between hosts (or processes of one host).
+    """NCCL/RCCL version, net plugin or network differing between hosts (or processes of one host).
 
     env_tuning.md §8 row "version/plugin differs between hosts; Mismatched NCCL version;
     socketFinalizeAccept: wrong magic/type; ncclSocketInit … family N" and §2
-    ``NCCL_NET_PLUGIN``; formats.md §2. Compares the version lines, the loaded net plugin
-    and the ``Using network`` name per host; also fires on NCCL's own "Mismatched NCCL
-    version" warning. Always high: mixed installs hang or crash at init.
+    ``NCCL_NET_PLUGIN``; formats.md §2. Compares, per host (per process where a host's
+    processes disagree, per launcher tag where lines name no host), every version line
+    (prefixed, bare, RCCL's banner), the loaded net plugin, ``NCCL_NET_PLUGIN`` and the
+    ``Using network`` name; also fires on NCCL's own "Mismatched NCCL version" warning,
+    whose version codes it spells out. Evidence lines name each host and what it runs.
+    Always high: mixed installs hang or crash at init.
     """
     report = ctx.nccl
     checks = (("NCCL version", _host_versions(report)),
               ("net plugin", _host_values(report, net_plugin_of)),
+              ("NCCL_NET_PLUGIN", _host_values(report, lambda p: p.env.get("NCCL_NET_PLUGIN"))),
               ("network", _host_values(report, lambda p: p.network)))
     evidence: list[str] = []
     ranks: list[int] = []
     what: list[str] = []
+    nodes: set[str] = set()
     for name, values in checks:
         lines = _differing(values)
+        if lines and name == "NCCL version" and all(v.startswith("RCCL ") for vs in values.values() for v in vs):
+            name = "RCCL version"
+            lines = _differing({k: {v.removeprefix("RCCL ") for v in vs} for k, vs in values.items()})
         if lines:
             what.append(name)
             evidence += [f"{name} {line}" for line in lines]
             ranks += _minority_ranks(report, values)
-    warns = [f"{_who(p)} {w.message}" for p in report.processes for w in p.warnings
+            nodes |= {k.split(":")[0] for k in values}
+    warns = [_mismatch_warning(p, w.message) for p in report.processes for w in p.warnings
              if "Mismatched NCCL version" in w.message]
-    if warns and "NCCL version" not in what:
+    if warns and not any(w.endswith(" version") for w in what):
         what.append("NCCL version")
+        nodes.add("?")
     if not what:
         return []
-    return [_finding("high", f"{' and '.join(what)} differ between hosts: install the same NCCL and plugin "
+    where = "between hosts" if len(nodes) != 1 else "between processes of one host"
+    return [_finding("high", f"{' and '.join(what)} differ {where}: install the same NCCL and plugin "
                      "everywhere", evidence + warns, ranks, {}, TROUBLESHOOTING_DOC)]
 
 

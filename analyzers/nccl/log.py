@@ -10,13 +10,20 @@ How a line is read:
 1. Wrapper prefixes are stripped (§1.2): Ray ``(RayTrainWorker pid=…, ip=…)``,
    log-shipper ISO timestamps, launcher rank labels (``[rank3]:``, ``0:``,
    ``[1,0]<stdout>:``, ``[3] host:…``), ANSI colour codes and their remnants,
-   Ray's ``[repeated Nx across cluster]``, markdown quotes and backticks.
-2. The NCCL prefix ``host:pid:tid [dev] NCCL INFO|WARN`` (§1.1) names the process;
-   the message is matched against :data:`MESSAGE_RULES`, a table of compiled
-   patterns, first match wins.
-3. Lines without the NCCL prefix are bare version lines (§2) or PyTorch
+   Ray's ``[repeated Nx across cluster]``, markdown quotes and backticks. The Ray
+   worker or rank label is kept as the line's tag.
+2. The NCCL prefix ``host:pid:tid [dev] NCCL INFO|WARN`` (§1.1) names the process; it
+   is also found after text no wrapper rule knows (other launchers, logging
+   frameworks), and ``host:pid:tid`` may be missing (``[0] NCCL INFO …``) or have an
+   empty host. Without ``host:pid`` the tag keeps processes apart. The message is
+   matched against :data:`MESSAGE_RULES`, a table of compiled patterns, first match wins.
+3. Lines without the NCCL prefix are bare version lines (§2), RCCL's banner (its
+   first line may carry the prefix, the rest never do) or PyTorch
    ``ProcessGroupNCCL`` lines (§14): watchdog timeouts, watchdog progress, flight
-   recorder mentions, NCCL errors surfaced as exceptions.
+   recorder mentions, NCCL errors surfaced as exceptions. A bare version line or
+   banner belongs to the process its tag names, else to the process whose line came
+   just before (NCCL prints it right after that process's own lines), else to the
+   banner's ``Hostname``; every version statement is kept in ``version_lines``.
 
 Content never raises: undecodable bytes are replaced, unknown lines are counted.
 Results are frozen dataclasses; ``to_dict()`` gives plain JSON-ready data.
@@ -289,6 +296,16 @@ class NcclProcess(_Json):
     warnings: tuple[NcclWarning, ...]
     errors: tuple[ErrorChain, ...]
     features: tuple[str, ...]  # version-dating format features seen (§15)
+    # who printed the lines when NCCL's own prefix has no host:pid (trimmed or wrapped
+    # lines): the launcher's label, e.g. "rank 3" or "pid=1234 ip=10.0.0.2"
+    tag: str | None = None
+
+    @property
+    def who(self) -> str:
+        """host:pid, or the launcher's label when NCCL's prefix named neither."""
+        if self.host is None and self.pid is None and self.tag:
+            return self.tag
+        return f"{self.host or '?'}:{self.pid if self.pid is not None else '?'}"
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -335,6 +352,48 @@ def fabric_of(network: str | None, devices: Sequence[NetDevice]) -> str | None:
 
 
 @dataclass(frozen=True)
+class VersionLine(_Json):
+    """One version statement and the process it belongs to.
+
+    ``library`` is NCCL or RCCL. ``host``/``pid``/``tag`` name the process; ``how``
+    says how that was decided: "prefix" (NCCL's own prefix), "wrapper" (the launcher's
+    label on a bare line), "previous line" (a bare line printed right after a line of
+    that process: NCCL <= 2.21 prints the bare line from the process that holds rank 0,
+    right after its own init lines), "banner hostname" (RCCL's banner), or None
+    (nobody can be named)."""
+
+    library: str
+    version: NcclVersion
+    full: str  # as printed: "2.19.3+cuda12.2", "2.21.5-HEAD:9a0e6a1"
+    host: str | None
+    pid: int | None
+    tag: str | None
+    how: str | None
+
+    @property
+    def text(self) -> str:
+        return f"{self.library} {self.full}" if self.library != "NCCL" else version_text(self.version) or self.full
+
+    @property
+    def who(self) -> str:
+        if self.host is None and self.pid is None:
+            return self.tag or "?"
+        return f"{self.host or '?'}:{self.pid if self.pid is not None else '?'}"
+
+
+@dataclass(frozen=True)
+class RcclBanner(_Json):
+    """RCCL's multi-line banner (ROCm): ``RCCL version : 2.21.5-HEAD:9a0e6a1`` then
+    ``HIP version``, ``ROCm version``, ``Hostname``, ``Librccl path`` … one per line,
+    printed without NCCL's prefix even when the first line has it."""
+
+    fields: dict[str, str]
+    host: str | None  # the process that printed it, else the banner's own Hostname
+    pid: int | None
+    tag: str | None
+
+
+@dataclass(frozen=True)
 class NcclLog(_Json):
     source: str
     processes: tuple[NcclProcess, ...]
@@ -349,6 +408,8 @@ class NcclLog(_Json):
     lines_nccl: int
     lines_unrecognized: int
     read_error: str | None = None
+    version_lines: tuple[VersionLine, ...] = ()  # every NCCL/RCCL version statement, with its process
+    rccl_banners: tuple[RcclBanner, ...] = ()
 
     @property
     def version(self) -> NcclVersion | None:
@@ -469,7 +530,7 @@ RAY_REPEATED = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
 
 WRAPPERS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("markdown quote or backticks", re.compile(r"^\s*(?:>\s?|`+)")),
-    ("ray worker", re.compile(r"^\s*\([^()]*\bpid=\d+[^()]*\)\s*")),
+    ("ray worker", re.compile(r"^\s*\((?P<ray>[^()]*\bpid=\d+[^()]*)\)\s*")),
     ("openmpi --tag-output", re.compile(r"^\s*\[\d+,(?P<rank>\d+)\]<(?:stdout|stderr)>:\s*")),
     ("log shipper timestamp",
      re.compile(r"^\s*\|?\s*\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\s*(?:\|\s*)?")),
@@ -488,34 +549,60 @@ def _strip_colour(text: str) -> str:
     return RAY_REPEATED.sub("", text) if "[repeated " in text else text
 
 
+RAY_PID = re.compile(r"\bpid=(?P<pid>\d+)(?:.*?\bip=(?P<ip>[\w.:-]+))?")
+
+
 def strip_wrappers(line: str) -> tuple[str, int | None]:
     """Remove launcher/shipper prefixes; return the NCCL line and the launcher's
     rank label when one was present (innermost label wins)."""
+    text, label, _tag = unwrap(line)
+    return text, label
+
+
+def unwrap(line: str) -> tuple[str, int | None, str | None]:
+    """``strip_wrappers`` plus a tag naming the process the launcher says printed the
+    line: the innermost Ray worker (``pid=615 ip=10.72.7.6``), else the rank label
+    (``rank 3``). NCCL's own ``host:pid`` beats the tag; lines without it (trimmed
+    prefixes, bare version lines) keep their process apart by it."""
     text = _strip_colour(line.replace("\x00", "")).rstrip()
     label: int | None = None
+    ray: str | None = None
     for _ in range(8):
         for _name, pattern in WRAPPERS:
             m = pattern.match(text)
             if m and m.end() > 0:
                 if "rank" in pattern.groupindex and m.group("rank") is not None:
                     label = int(m.group("rank"))
+                if "ray" in pattern.groupindex:
+                    r = RAY_PID.search(m.group("ray"))
+                    if r:
+                        ray = f"pid={r['pid']}" + (f" ip={r['ip']}" if r["ip"] else "")
                 text = text[m.end():]
                 break
         else:
             break
-    return text.rstrip("`").strip(), label
+    tag = ray if ray is not None else f"rank {label}" if label is not None else None
+    return text.rstrip("`").strip(), label, tag
 
 
 # --------------------------------------------------------------------------- NCCL lines
 
-PREFIX = re.compile(
-    r"^(?:\[(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d+)?)\] )?"
-    r"(?:(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+) )?"
+_PREFIX_BODY = (
+    r"(?:(?P<host>[^\s:]*):(?P<pid>\d+):(?P<tid>\d+) +)?"  # host may be empty (":5202:5683 [0] …")
     r"\s*\[(?P<dev>\d+)\] "
     r"(?:(?P<loc>[\w./+-]+:\d+)(?: \((?P<func>\w+)\))? )?"
     r"NCCL (?P<level>INFO|WARN) (?P<msg>.*)$")
+PREFIX = re.compile(r"^(?:\[(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d+)?)\] )?" + _PREFIX_BODY)
+# The same prefix after text no wrapper rule knows (another launcher's tag, a logging
+# framework's timestamp and level): found where it starts a word.
+PREFIX_INSIDE = re.compile(r"(?:^|(?<=\s)|(?<=[\]>):|]))(?P<ts>)" + _PREFIX_BODY)
 BARE_VERSION = re.compile(r"^NCCL version (?P<v>\d+\.\d+\.\d+)(?P<suffix>[^+\s]*)(?:\+cuda(?P<cuda>\d+\.\d+))?")
 RCCL_BLOCK = re.compile(r"^(?P<key>RCCL version|HIP version|ROCm version|Librccl path)\s*:?\s*(?P<val>\S.*)$")
+# a line of RCCL's banner after its first: "HIP version  : 6.2.41133-dd7f95766", "Hostname     : z292",
+# "HIP runtime  : …" (newer RCCL); only read while a banner is open
+RCCL_FIELD = re.compile(r"^(?P<key>[A-Z][A-Za-z]*(?: [A-Za-z]+){0,2})\s*: (?P<val>\S.*)$")
+RCCL_BANNER_MAX = 10  # fields after the version line
+VERSION_NUMBER = re.compile(r"(?P<v>\d+\.\d+\.\d+)")
 IFACE = re.compile(r"(?:\[(?P<i>\d+)\])?(?P<name>[^\s:\[\]]+):(?P<addr>\S+)")
 IB_DEV = re.compile(
     r"\[(?P<i>\d+)\](?:=\{(?P<merged>[^}]*)\}|(?P<name>[^\s:]+):(?P<port>\d+)/(?P<link>\w+(?:/\w+)?))")
@@ -545,8 +632,8 @@ RESULT_CODES: dict[int, tuple[str, str]] = {
 class _Proc:
     """Mutable accumulator for one process while reading; frozen by ``freeze``."""
 
-    def __init__(self, host: str | None, pid: int | None) -> None:
-        self.host, self.pid = host, pid
+    def __init__(self, host: str | None, pid: int | None, tag: str | None = None) -> None:
+        self.host, self.pid, self.tag = host, pid, tag
         self.devices: list[int] = []
         self.lines = 0
         self.version: NcclVersion | None = None
@@ -605,7 +692,8 @@ class _Proc:
             patterns=self.items("patterns"), thread_thresholds=self.thresholds, tuning=self.items("tuning"),
             init_timings=self.items("init_timings"), bootstrap_timings=self.items("bootstrap_timings"),
             connected=self.items("connected"), coll_calls=tuple(self.calls), coll_calls_total=self.calls_total,
-            warnings=self.items("warnings"), errors=self.items("errors"), features=tuple(sorted(self.features)))
+            warnings=self.items("warnings"), errors=self.items("errors"), features=tuple(sorted(self.features)),
+            tag=self.tag)
 
 
 Apply = Callable[[_Proc, "re.Match[str]"], None]
@@ -1050,11 +1138,19 @@ def _framework_error(text: str, label: int | None) -> FrameworkError | None:
 # --------------------------------------------------------------------------- reading
 
 
+ProcKey = tuple[Union[str, None], Union[int, None], Union[str, None]]
+
+
 class _LogAcc:
     def __init__(self) -> None:
-        self.procs: dict[tuple[str | None, int | None], _Proc] = {}
+        self.procs: dict[ProcKey, _Proc] = {}
         self.versions: list[NcclVersion] = []
+        self.version_lines: list[VersionLine] = []
         self.rccl: dict[str, str] = {}
+        self.banners: list[RcclBanner] = []
+        self.banner: _Banner | None = None  # the RCCL banner being read
+        self.tags: dict[str, ProcKey] = {}  # launcher tag -> the host:pid process seen under it
+        self.last: tuple[ProcKey, str | None] | None = None  # process and tag of the line just before
         self.timeouts: list[WatchdogTimeout] = []
         self.progress: list[WatchdogProgress] = []
         self.fr: list[str] = []
@@ -1062,15 +1158,93 @@ class _LogAcc:
         self.errors: dict[tuple[str, str], FrameworkError] = {}
         self.total = self.nccl = self.unrecognized = 0
 
-    def proc(self, host: str | None, pid: int | None) -> _Proc:
-        key = (host, pid)
+    def key(self, host: str | None, pid: int | None, tag: str | None) -> ProcKey:
+        """NCCL's host:pid names a process; without it, the launcher's tag does."""
+        return (host, pid, None) if host is not None or pid is not None else (None, None, tag)
+
+    def proc(self, host: str | None, pid: int | None, tag: str | None = None) -> _Proc:
+        key = self.key(host, pid, tag)
         if key not in self.procs:
-            self.procs[key] = _Proc(host, pid)
+            self.procs[key] = _Proc(*key)
         return self.procs[key]
 
+    def owner(self, tag: str | None) -> tuple[ProcKey | None, str | None]:
+        """The process a line without NCCL's prefix belongs to, and how that was decided."""
+        if tag is not None and tag in self.tags:
+            return self.tags[tag], "wrapper"
+        if tag is not None and (None, None, tag) in self.procs:
+            return (None, None, tag), "wrapper"
+        if self.last is not None and self.last[1] == tag:
+            return self.last[0], "previous line"
+        return None, None
 
-def _read_nccl_line(acc: _LogAcc, m: re.Match[str]) -> None:
-    p = acc.proc(m["host"], _int(m["pid"]))
+    def add_version(self, library: str, version: NcclVersion, full: str, key: ProcKey | None, how: str | None,
+                    tag: str | None, host: str | None = None) -> None:
+        if key is not None:
+            host, pid, tag = key
+            p = self.procs.get(key)
+            if p is not None and library == "NCCL" and p.version is None:
+                p.version = version
+            if p is not None and library == "RCCL" and p.rccl_version is None:
+                p.rccl_version = full
+        else:
+            pid = None
+        self.version_lines.append(VersionLine(library, version, full, host, pid, tag, how))
+
+
+class _Banner:
+    """An RCCL banner being read: its fields and the process it belongs to."""
+
+    def __init__(self, key: ProcKey | None, how: str | None, tag: str | None, version: str) -> None:
+        self.key, self.how, self.tag = key, how, tag
+        self.fields: dict[str, str] = {"RCCL version": version}
+
+
+def _open_banner(acc: _LogAcc, key: ProcKey | None, how: str | None, tag: str | None, version: str) -> None:
+    _close_banner(acc)
+    acc.banner = _Banner(key, how, tag, version)
+
+
+def _close_banner(acc: _LogAcc) -> None:
+    b, acc.banner = acc.banner, None
+    if b is None:
+        return
+    for k, v in b.fields.items():
+        acc.rccl.setdefault(k, v)
+    key, how = b.key, b.how
+    named = b.fields.get("Hostname")
+    if key is None and named and not named.startswith("("):  # "(redacted)"
+        key, how = (named, None, None), "banner hostname"
+    host, pid, tag = key if key is not None else (None, None, b.tag)
+    acc.banners.append(RcclBanner(dict(b.fields), host, pid, tag))
+    full = b.fields["RCCL version"]
+    number = VERSION_NUMBER.search(full)
+    version = NcclVersion(number["v"] if number else full, None)
+    if key is not None and key not in acc.procs:  # a host named only by the banner
+        acc.add_version("RCCL", version, full, None, how, tag, host=host)
+    else:
+        acc.add_version("RCCL", version, full, key, how, tag)
+
+
+def _read_banner_field(acc: _LogAcc, text: str) -> bool:
+    b = acc.banner
+    m = RCCL_FIELD.match(text) if b is not None else None
+    if b is None or m is None or m["key"] == "RCCL version" or len(b.fields) > RCCL_BANNER_MAX:
+        _close_banner(acc)
+        return False
+    b.fields[m["key"]] = m["val"].strip()
+    return True
+
+
+def _read_nccl_line(acc: _LogAcc, m: re.Match[str], tag: str | None = None) -> None:
+    _close_banner(acc)
+    host = m["host"] or None  # an empty hostname names nobody
+    pid = _int(m["pid"])
+    key = acc.key(host, pid, tag)
+    if tag is not None and host is not None:
+        acc.tags.setdefault(tag, key)
+    p = acc.proc(*key)
+    acc.last = (key, tag)
     p.lines += 1
     dev = int(m["dev"])
     if dev not in p.devices:
@@ -1088,7 +1262,11 @@ def _read_nccl_line(acc: _LogAcc, m: re.Match[str]) -> None:
                 p.close_chain()
             rule.apply(p, mm)
             if rule.kind == "version":
-                acc.versions.append(NcclVersion(mm["v"] + mm["suffix"], mm["cuda"]))
+                version = NcclVersion(mm["v"] + mm["suffix"], mm["cuda"])
+                acc.versions.append(version)
+                acc.add_version("NCCL", version, msg[len("NCCL version "):].strip(), key, "prefix", tag)
+            elif rule.kind == "rccl version":
+                _open_banner(acc, key, "prefix", tag, mm["v"])
             return
 
 
@@ -1096,7 +1274,7 @@ def _read_warn(p: _Proc, m: re.Match[str], msg: str) -> None:
     p.close_chain()
     meaning, benign = warn_meaning(msg)
     if len(p.lists.get("warnings", ())) < MAX_WARNINGS:
-        p.add("warnings", NcclWarning(m["loc"], m["func"], msg, meaning, benign, m["ts"]))
+        p.add("warnings", NcclWarning(m["loc"], m["func"], msg, meaning, benign, m["ts"] or None))
     if m["ts"]:
         p.features.add("warn_timestamp")
     if m["func"]:
@@ -1105,14 +1283,21 @@ def _read_warn(p: _Proc, m: re.Match[str], msg: str) -> None:
         p.chain = (msg, [])
 
 
-def _read_other_line(acc: _LogAcc, text: str, label: int | None) -> bool:
-    """Bare version/RCCL lines and PyTorch lines; True when the line was used."""
+def _read_other_line(acc: _LogAcc, text: str, label: int | None, tag: str | None = None) -> bool:
+    """Bare version lines, RCCL's banner and PyTorch lines; True when the line was used."""
     m = BARE_VERSION.match(text)
     if m:
-        acc.versions.append(NcclVersion(m["v"] + m["suffix"], m["cuda"]))
+        version = NcclVersion(m["v"] + m["suffix"], m["cuda"])
+        acc.versions.append(version)
+        key, how = acc.owner(tag)
+        acc.add_version("NCCL", version, text[len("NCCL version "):].strip(), key, how, tag)
         return True
     m = RCCL_BLOCK.match(text)
-    if m:
+    if m and m["key"] == "RCCL version":
+        key, how = acc.owner(tag)
+        _open_banner(acc, key, how, tag, m["val"].strip())
+        return True
+    if m:  # a banner field without its first line (an excerpt)
         acc.rccl[m["key"]] = m["val"].strip()
         return True
     return _read_torch_line(acc, text, label)
@@ -1143,15 +1328,21 @@ def _read_torch_line(acc: _LogAcc, text: str, label: int | None) -> bool:
 
 def _read_line(acc: _LogAcc, raw: str) -> None:
     acc.total += 1
-    text, label = strip_wrappers(raw[:MAX_LINE_CHARS])
+    text, label, tag = unwrap(raw[:MAX_LINE_CHARS])
     if not text or text.startswith("#"):  # NCCL and PyTorch never start a line with '#'
-        return
-    m = PREFIX.match(text)
+        return  # (NCCL writes an empty line before each WARN: the line before still counts as "just before")
+    m = PREFIX.match(text) or (PREFIX_INSIDE.search(text) if " NCCL INFO " in text or " NCCL WARN " in text else None)
     if m:
         acc.nccl += 1
-        _read_nccl_line(acc, m)
-    elif not _read_other_line(acc, text, label):
+        _read_nccl_line(acc, m, tag)
+        return
+    if acc.banner is not None and _read_banner_field(acc, text):
+        return
+    used = _read_other_line(acc, text, label, tag)
+    if not used:
         acc.unrecognized += 1
+    if acc.banner is None:
+        acc.last = None
 
 
 def _with_pg(t: WatchdogTimeout, progress: Sequence[WatchdogProgress]) -> WatchdogTimeout:
@@ -1166,12 +1357,14 @@ def _with_pg(t: WatchdogTimeout, progress: Sequence[WatchdogProgress]) -> Watchd
 
 
 def _freeze_log(acc: _LogAcc, source: str, read_error: str | None = None) -> NcclLog:
+    _close_banner(acc)
     progress = tuple(acc.progress)
     return NcclLog(
         source=source, processes=tuple(p.freeze() for p in acc.procs.values()), versions=tuple(acc.versions),
         rccl=dict(acc.rccl), timeouts=tuple(_with_pg(t, progress) for t in acc.timeouts), progress=progress,
         flight_recorder=tuple(acc.fr), torch_notes=tuple(acc.notes), framework_errors=tuple(acc.errors.values()),
-        lines_total=acc.total, lines_nccl=acc.nccl, lines_unrecognized=acc.unrecognized, read_error=read_error)
+        lines_total=acc.total, lines_nccl=acc.nccl, lines_unrecognized=acc.unrecognized, read_error=read_error,
+        version_lines=tuple(acc.version_lines), rccl_banners=tuple(acc.banners))
 
 
 def _decode(line: str | bytes) -> str:
@@ -1239,16 +1432,22 @@ def merge_logs(logs: Sequence[NcclLog]) -> NcclReport:
             if p.host:
                 by_host.setdefault(p.host, []).append(p)
     bare = _bare_versions_by_host(logs)
+    for host in bare:
+        by_host.setdefault(host, [])  # a host known only from RCCL's banner
     hosts = tuple(_summarise_host(h, ps, bare.get(h, ())) for h, ps in sorted(by_host.items()))
     return NcclReport(tuple(logs), hosts)
 
 
-def _bare_versions_by_host(logs: Sequence[NcclLog]) -> dict[str, tuple[NcclVersion, ...]]:
-    """Version lines without a host prefix belong to a host when the file holds only that host."""
-    out: dict[str, tuple[NcclVersion, ...]] = {}
+def _bare_versions_by_host(logs: Sequence[NcclLog]) -> dict[str, tuple[str, ...]]:
+    """Version lines without a host prefix belong to a host when the file holds only that
+    host, or when the line's process is known (launcher tag, the line just before, RCCL's
+    banner). RCCL versions read "RCCL 2.21.5-HEAD:9a0e6a1"."""
+    out: dict[str, tuple[str, ...]] = {}
     for log in logs:
-        if len(log.hosts) == 1:
-            out[log.hosts[0]] = out.get(log.hosts[0], ()) + log.versions
+        for v in log.version_lines:
+            host = v.host or (log.hosts[0] if len(log.hosts) == 1 else None)
+            if host and (v.how != "prefix" or v.library == "RCCL"):
+                out[host] = out.get(host, ()) + (v.text,)
     return out
 
 
@@ -1267,11 +1466,15 @@ def net_plugin_of(p: NcclProcess) -> str | None:
             return (m["n"] or m["p"]).strip()
     if any(re.search(r"internal (?:network plugin|implementation)", line) for line in p.plugins):
         return "internal"
+    for line in p.plugins:  # "Plugin Path : /opt/hpcx/nccl_rdma_sharp_plugin/lib/libnccl-net.so" alone
+        m = re.match(r"Plugin Path ?: ?(?P<path>\S+)", line)
+        if m:
+            return m["path"]
     return None
 
 
-def _summarise_host(host: str, procs: Sequence[NcclProcess], bare: Sequence[NcclVersion]) -> HostSummary:
-    versions = {version_text(p.version) for p in procs} | {version_text(v) for v in bare}
+def _summarise_host(host: str, procs: Sequence[NcclProcess], bare: Sequence[str]) -> HostSummary:
+    versions = {version_text(p.version) for p in procs} | set(bare)
     env: dict[str, set[str]] = {}
     for p in procs:
         for k, v in p.env.items():
