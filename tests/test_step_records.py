@@ -177,4 +177,5 @@ def test_the_table_matches_what_the_collector_counts() -> None:
         assert hasattr(c, s.counter), s.name
         assert s.observed_by is None or hasattr(c, s.observed_by), s.name
     assert len({s.name for s in SIGNALS}) == len({s.key for s in SIGNALS}) == len(SIGNALS)
+    assert [s.name for s in SIGNALS if s.holds_wait] == ["backward"]  # the straggler's wait is read from it
     assert [s.name for s in step_records.host_phases()] == ["dataloader", "forward", "backward", "optimizer"]
