@@ -21,6 +21,7 @@ from pardiag.analyzers.steps import step_stats
 from pardiag.analyzers.stragglers import RankEvidence, find_stragglers
 from pardiag.analyzers.trace import trace_head
 from pardiag.errors import UserError
+from pardiag.step_records import StepRecord
 
 if TYPE_CHECKING:
     from pardiag.analyzers.nccl.log import NcclReport
@@ -336,7 +337,7 @@ def _why_no_trace(meta: dict[str, Any] | None) -> str:
 
 def _rank_result(
     inp: RankInput,
-    records: list[dict[str, Any]],
+    records: Sequence[StepRecord],
     s: TraceSummary | None,
     meta: dict[str, Any] | None,
     waits: dict[int, float],
@@ -378,19 +379,17 @@ def _rank_result(
     )
 
 
-def _host_phases(records: list[dict[str, Any]]) -> dict[str, float]:
-    """Median host time per step over all undisturbed steps (steps.jsonl)."""
-    from pardiag.analyzers.steps import DISTURBED_US, median
+def _host_phases(records: Sequence[StepRecord]) -> dict[str, float]:
+    """Median host time per step over the counted steps (steps.jsonl): "step" (the
+    duration) and every signal of `step_records.SIGNALS` marked a host phase, each over
+    the steps that observed it."""
+    from pardiag.analyzers.steps import median
+    from pardiag.step_records import counted, host_phases
 
-    cols: dict[str, list[float]] = {"step": [], "dataloader": [], "forward": [], "backward": [], "optimizer": []}
-    for r in records:
-        if r["step"] < 1 or r.get("profiler") or float(r.get("pardiag_us") or 0) >= DISTURBED_US:
-            continue
-        for key, field_ in (("step", "dur_us"), ("dataloader", "data_us"), ("forward", "fwd_us"),
-                            ("backward", "bwd_us"), ("optimizer", "opt_us")):
-            v = r.get(field_)
-            if isinstance(v, (int, float)):
-                cols[key].append(float(v))
+    recs = [r for r in records if counted(r)]
+    cols: dict[str, list[float]] = {"step": [r.dur_us for r in recs if r.dur_us is not None]}
+    for sig in host_phases():
+        cols[sig.name] = [v for r in recs if (v := r.get(sig.name)) is not None]
     return {k: m for k, v in cols.items() if (m := median(v)) is not None}
 
 

@@ -5,7 +5,7 @@ meet in every step's collectives, so they move together, and one rank's step tim
 follow each other in time. Pooling every rank's steps would count one slow step
 world_size times and make any difference look significant. The sample is therefore
 the per-step *job* time: for each step number seen by every rank, the longest of the
-ranks' `dur_us`. Only undisturbed steps count, as in the Analysis (`analyzers/steps.py`):
+ranks' `dur_us`. Only counted steps count, as in the Analysis (`step_records.counted`):
 step 0, steps inside the profiler window and steps in which pardiag itself worked
 (`pardiag_us >= DISTURBED_US`) on any rank are left out. Dependence in time remains;
 its lag-1 autocorrelation is reported and a note says when it makes the test optimistic.
@@ -45,6 +45,7 @@ import numpy as np
 
 from pardiag.analysis import BREAKDOWN_KEYS, PHASE_KEYS, Analysis, Finding
 from pardiag.analyzers.steps import JobSteps, job_step_times_us, median, percentile
+from pardiag.step_records import StepRecord
 
 __all__ = ["JobSteps", "job_step_times_us"]  # the job's step time lives in steps.py; kept importable here
 
@@ -252,7 +253,7 @@ class DiffResult:
 class RunInput:
     label: str
     analysis: Analysis
-    steps_by_rank: Mapping[int, Sequence[Mapping[str, Any]]] | None  # None: no run directory
+    steps_by_rank: Mapping[int, Sequence[StepRecord]] | None  # None: no run directory
 
 
 # -- comparing --------------------------------------------------------------------------------

@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Sequence
 
+from pardiag.step_records import StepRecord
+
 TIMEOUT = re.compile(
     r"timed out|timeout|watchdog caught collective|DistBackendError|"
     r"connection (reset|closed) by peer|Connection closed by peer",
@@ -88,5 +90,6 @@ def diagnose(
     return {"source": "pardiag", "step": step, "summary": summary, "waited": waited, "late": late, "collect_next": NEXT_STEPS}
 
 
-def last_finished_steps(step_records: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[int, int | None]:
-    return {r: (max(int(x["step"]) for x in recs) if recs else None) for r, recs in step_records.items()}
+def last_finished_steps(step_records: Mapping[int, Sequence[StepRecord]]) -> dict[int, int | None]:
+    """rank -> the highest step number in its steps.jsonl (every step, counted or not)."""
+    return {r: (max(x.step for x in recs) if recs else None) for r, recs in step_records.items()}

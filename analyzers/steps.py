@@ -1,17 +1,18 @@
 """Step-time statistics from `steps.jsonl` (every step, every rank), and the one
 percentile function of pardiag: every median and percentile of a list of numbers
-(the reports', the advisor's, the diff's) calls `percentile`."""
+(the reports', the advisor's, the diff's) calls `percentile`. Which steps count is
+`step_records.counted`, for every reader."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
-WARMUP_STEPS = 1  # step 0 carries one-time costs (allocator, first collectives)
-# A step in which pardiag itself spent this long (opening or closing the profiler,
-# writing the trace) is left out of the statistics of undisturbed steps.
-DISTURBED_US = 1000.0
+from pardiag.step_records import DISTURBED_US, WARMUP_STEPS, StepRecord, counted, is_disturbed
+
+__all__ = ["DISTURBED_US", "WARMUP_STEPS", "JobSteps", "StepStats", "job_step_times_us", "median", "percentile",
+           "step_stats", "undisturbed_us"]
 
 
 @dataclass(frozen=True)
@@ -44,27 +45,27 @@ def median(values: Iterable[float]) -> float | None:
     return percentile(values, 0.5)
 
 
-def step_stats(records: Iterable[dict[str, Any]]) -> StepStats:
-    """Statistics over steps outside the profiler window, step 0 and steps in which
-    pardiag itself worked left out."""
+def step_stats(records: Iterable[StepRecord]) -> StepStats:
+    """Statistics over the counted steps (`step_records.counted`); the steps inside the
+    profiler's active window and the disturbed ones are counted apart."""
     plain: list[float] = []
     disturbed = 0
     profiled: list[float] = []
     data = total = 0.0
     last = None
     for r in records:
-        last = r["step"] if last is None else max(last, r["step"])
-        dur = r.get("dur_us")
-        if not isinstance(dur, (int, float)) or r["step"] < WARMUP_STEPS:
+        last = r.step if last is None else max(last, r.step)
+        dur = r.dur_us
+        if dur is None or r.step < WARMUP_STEPS:
             continue
-        if r.get("profiler") == "active":
-            profiled.append(float(dur))
-        elif float(r.get("pardiag_us") or 0.0) >= DISTURBED_US:
+        if r.profiler == "active":
+            profiled.append(dur)
+        elif is_disturbed(r):
             disturbed += 1
-        elif r.get("profiler") is None:
-            plain.append(float(dur))
+        elif counted(r):
+            plain.append(dur)
             total += dur
-            data += float(r.get("data_us") or 0.0)
+            data += r.get("dataloader") or 0.0  # the share of the time it was observed waiting
     return StepStats(
         n=len(plain),
         p50_us=median(plain),
@@ -78,15 +79,9 @@ def step_stats(records: Iterable[dict[str, Any]]) -> StepStats:
     )
 
 
-def undisturbed_us(rec: Mapping[str, Any]) -> float | None:
-    """A step's duration when it counts (as in `step_stats`), else None: step 0, steps
-    inside the profiler window and steps in which pardiag itself worked are left out."""
-    dur = rec.get("dur_us")
-    if not isinstance(dur, (int, float)) or rec["step"] < WARMUP_STEPS or rec.get("profiler") is not None:
-        return None
-    if float(rec.get("pardiag_us") or 0.0) >= DISTURBED_US:
-        return None
-    return float(dur)
+def undisturbed_us(rec: StepRecord) -> float | None:
+    """A step's duration when it counts (`step_records.counted`), else None."""
+    return rec.dur_us if counted(rec) else None
 
 
 @dataclass(frozen=True)
@@ -96,11 +91,11 @@ class JobSteps:
     left_out: int  # step numbers seen but not counted (warm-up, profiler window, disturbed, missing on a rank)
 
 
-def job_step_times_us(steps_by_rank: Mapping[int, Sequence[Mapping[str, Any]]]) -> JobSteps:
+def job_step_times_us(steps_by_rank: Mapping[int, Sequence[StepRecord]]) -> JobSteps:
     """The job's step time: per step number, the longest `dur_us` over the ranks (the
     ranks meet in every step's collectives, so the job's step is its slowest rank's); a
     step counts only when it is undisturbed on every rank that wrote steps."""
-    per_rank = {r: {rec["step"]: rec for rec in recs} for r, recs in steps_by_rank.items() if recs}
+    per_rank = {r: {rec.step: rec for rec in recs} for r, recs in steps_by_rank.items() if recs}
     if not per_rank:
         return JobSteps([], [], 0)
     seen = sorted(set().union(*per_rank.values()))

@@ -9,9 +9,12 @@ optimizer, or host work outside those), compared per step.
 Two sources, the stronger first:
 - the profiled window: waits measured on matched collectives and phases cut from the
   trace;
-- every step from steps.jsonl: the host time inside backward includes DDP's wait for
-  the all-reduce, so a straggler shows as the rank with the shortest backward in most
-  steps, and its extra DataLoader / forward / optimizer time is measured directly.
+- every counted step from steps.jsonl (`step_records.counted`): the host time inside
+  backward includes DDP's wait for the all-reduce (the signal marked `holds_wait`), so
+  a straggler shows as the rank with the shortest backward in most steps, and its
+  extra time in the other signals with a straggler cause (DataLoader, forward,
+  optimizer: `step_records.SIGNALS`) is measured directly. A signal a rank never
+  observed is missing from its medians, not 0.
 
 The excess reported is the straggler's extra work per step (the sum of its phases'
 excess over the other ranks' medians), at least the others' extra waiting.
@@ -26,9 +29,11 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from pardiag.analysis import Straggler
+from pardiag import step_records
+from pardiag.step_records import StepRecord, counted
 
 MIN_SHARE = 0.10  # TraceML: under 10% of the step is no finding
 MIN_US = 1000.0
@@ -48,7 +53,7 @@ class RankEvidence:
     steps_in_window: int
     wait_us: float  # in the window, inside collectives
     phases_us: Mapping[str, float]  # in the window
-    step_records: Sequence[Mapping[str, Any]]  # steps.jsonl
+    step_records: Sequence[StepRecord]  # steps.jsonl
 
 
 def _median(xs: Sequence[float]) -> float:
@@ -63,22 +68,36 @@ def _per_step(ev: RankEvidence) -> dict[str, float]:
     return out
 
 
+def _wait_signal() -> str:
+    return next(s.name for s in step_records.SIGNALS if s.holds_wait)
+
+
 def _host_medians(ev: RankEvidence) -> dict[str, float]:
-    recs = [r for r in ev.step_records if r.get("step", 0) >= 1 and not r.get("profiler")]
-    return {
-        key: _median([float(r.get(f) or 0.0) for r in recs])
-        for key, f in (("dataloader", "data_us"), ("forward", "fwd_us"), ("optimizer", "opt_us"), ("backward_host", "bwd_us"), ("step", "dur_us"))
-    }
+    """Medians over the counted steps: "step" (the duration), "<wait signal>_host" (the
+    host time that holds the wait) and every other signal with a straggler cause, keyed
+    by its cause; a signal with no value in any counted step is absent."""
+    recs = [r for r in ev.step_records if counted(r)]
+    out: dict[str, float] = {}
+    cols: dict[str, list[float]] = {"step": [r.dur_us for r in recs if r.dur_us is not None]}
+    for s in step_records.SIGNALS:
+        if s.cause is not None:
+            key = f"{s.cause}_host" if s.holds_wait else s.cause
+            cols[key] = [v for r in recs if (v := r.get(s.name)) is not None]
+    for key, xs in cols.items():
+        if xs:
+            out[key] = _median(xs)
+    return out
 
 
 def _consistency(candidate: int, evidence: Mapping[int, RankEvidence]) -> float | None:
-    """Share of steps in which the candidate's host backward time (which contains its
-    wait) is below every other rank's."""
+    """Share of the counted steps in which the candidate's host backward time (which
+    contains its wait) is below every other rank's."""
+    wait = _wait_signal()
     by_step: dict[int, dict[int, float]] = {}
     for r, ev in evidence.items():
         for rec in ev.step_records:
-            if rec.get("step", 0) >= 1 and isinstance(rec.get("bwd_us"), (int, float)):
-                by_step.setdefault(rec["step"], {})[r] = float(rec["bwd_us"])
+            if counted(rec) and (v := rec.get(wait)) is not None:
+                by_step.setdefault(rec.step, {})[r] = v
     full = [d for d in by_step.values() if len(d) == len(evidence)]
     if len(full) < 5:
         return None
@@ -90,8 +109,8 @@ def find_stragglers(evidence: Mapping[int, RankEvidence]) -> list[Straggler]:
     if len(evidence) < 2:
         return []
     have_window = all(ev.steps_in_window > 0 for ev in evidence.values())
-    step_medians = [_host_medians(ev)["step"] for ev in evidence.values()]
-    step_us = _median([s for s in step_medians if s > 0])
+    step_medians = [_host_medians(ev).get("step") for ev in evidence.values()]
+    step_us = _median([s for s in step_medians if s is not None and s > 0])
     if have_window:
         # Waiting inside collectives only: gaps between operators ("idle") on a CPU
         # rank are also Python time, so they do not tell waiting from working.
@@ -101,8 +120,11 @@ def find_stragglers(evidence: Mapping[int, RankEvidence]) -> list[Straggler]:
         excess = _median(others) - waits[candidate]
         source = "profiled window"
     else:
+        wait_key = f"{_wait_signal()}_host"
         host = {r: _host_medians(ev) for r, ev in evidence.items()}
-        bwd = {r: h["backward_host"] for r, h in host.items()}
+        bwd = {r: h[wait_key] for r, h in host.items() if wait_key in h}
+        if len(bwd) < 2:
+            return []
         candidate = min(bwd, key=lambda r: bwd[r])
         excess = _median([b for r, b in bwd.items() if r != candidate]) - bwd[candidate]
         source = "steps.jsonl"
@@ -133,12 +155,15 @@ def _cause(candidate: int, evidence: Mapping[int, RankEvidence], have_window: bo
         keys: tuple[str, ...] = ("dataloader", "forward", "backward", "optimizer", "other")
     else:
         per = {r: _host_medians(ev) for r, ev in evidence.items()}
-        keys = ("dataloader", "forward", "optimizer")
+        keys = tuple(s.cause for s in step_records.SIGNALS if s.cause is not None and not s.holds_wait)
     deltas = {}
     for k in keys:
-        others = [p.get(k, 0.0) for r, p in per.items() if r != candidate]
-        deltas[k] = per[candidate].get(k, 0.0) - _median(others)
+        others = [p[k] for r, p in per.items() if r != candidate and k in p]
+        if k in per[candidate] and others:  # a phase not observed is no evidence either way
+            deltas[k] = per[candidate][k] - _median(others)
+    if not deltas:
+        return "unknown", deltas
     best = max(deltas, key=lambda k: deltas[k])
     if deltas[best] <= 0:
         return "unknown", deltas
-    return CAUSE_NAMES[best], deltas
+    return CAUSE_NAMES.get(best, best), deltas

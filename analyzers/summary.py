@@ -21,8 +21,9 @@ from typing import Any, Mapping, Sequence
 
 from pardiag.analysis import BREAKDOWN_KEYS, Analysis, Inflation, RankResult, StepPercentiles, Summary
 from pardiag.analyzers.steps import job_step_times_us, median, percentile
+from pardiag.step_records import StepRecord
 
-StepRecords = Mapping[int, Sequence[Mapping[str, Any]]]
+StepRecords = Mapping[int, Sequence[StepRecord]]
 
 
 def build_summary(ranks: Sequence[RankResult], step_records: StepRecords | None = None) -> Summary:

@@ -764,7 +764,8 @@ def check_overhead(pardiag_run: RunResult, plain_run: RunResult, max_ratio: floa
     def script_log(r: RunResult) -> list[dict[str, Any]]:
         return overhead.parse_steps_jsonl(_read_lines(Path(f"{r.steps_log}.rank0")))
 
-    fig = step_time_figures(read_steps(RunDir(pardiag_run.folder), 0), script_log(pardiag_run), script_log(plain_run))
+    fig = step_time_figures([s.to_dict() for s in read_steps(RunDir(pardiag_run.folder), 0)], script_log(pardiag_run),
+                            script_log(plain_run))
     check = Check("overhead", overhead_problems(fig, max_ratio))
     if fig["ratio"] is not None:
         check.detail = f"x{fig['ratio']:.3f} (script's clock x{_fmt(fig['ratio_script_timer'], '.3f')})"

@@ -61,9 +61,10 @@ KNOWN_PACKAGES = ("lightning", "pytorch_lightning", "lightning_fabric", "transfo
 
 
 class StepCounters:
-    """Host-side timings accumulated between two step boundaries."""
+    """Host-side timings accumulated between two step boundaries. The collector writes
+    the ones named in `pardiag.step_records.SIGNALS` to steps.jsonl."""
 
-    __slots__ = ("data_ns", "data_calls", "bwd_ns", "backwards", "fwd_ns", "forwards", "no_sync_forwards")
+    __slots__ = ("data_ns", "data_calls", "bwd_ns", "backwards", "fwd_ns", "forwards", "no_sync_forwards", "opt_ns")
 
     def __init__(self) -> None:
         self.reset()
@@ -76,6 +77,7 @@ class StepCounters:
         self.fwd_ns = 0
         self.forwards = 0
         self.no_sync_forwards = 0
+        self.opt_ns = 0  # the lead optimizer's step(), set by the runtime's hooks
 
 
 # While torch.compile traces, every wrapper calls straight through, so the traced code

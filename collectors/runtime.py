@@ -5,7 +5,8 @@ optimizer finishes `step()` (a global optimizer hook, so plain loops, Lightning,
 the HF Trainer and Accelerate all work unchanged) or when the script calls
 `pardiag.step()`. Nothing is written before the first step.
 
-Per step, one line in `steps.jsonl` (host timestamps, cheap counters). On the
+Per step, one line in `steps.jsonl` (host timestamps, the counters named in
+`pardiag.step_records.SIGNALS`; the format is that module's). On the
 configured steps, a torch.profiler window. `meta.json` is written after the first
 steps, when the window closes and at exit. Every failure is caught, recorded in
 `meta.json` and switches the failing part off: the training never sees an error
@@ -24,7 +25,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from pardiag import rundir
+from pardiag import rundir, step_records
 from pardiag.redact import redact_argv
 from pardiag.collectors.bootstrap import ENV_RUN_DIR, _PostImportFinder
 from pardiag.collectors.config import CollectorConfig
@@ -105,7 +106,7 @@ class Collector:
         self.explicit_steps = False
         self.lead_optimizer: weakref.ref[Any] | None = None
         self.opt_t0: int | None = None
-        self.opt_ns = 0
+        self.signal_fields = step_records.counter_fields()
         self.prev_end_ns: int | None = None
         self.boundary_ns = 0
         self.started_wall_ns = time.time_ns()
@@ -173,7 +174,7 @@ class Collector:
             if not self._is_lead(opt):
                 return
             if self.opt_t0 is not None:
-                self.opt_ns = time.perf_counter_ns() - self.opt_t0
+                self.framework.counters.opt_ns = time.perf_counter_ns() - self.opt_t0
                 self.opt_t0 = None
             self.advance("optimizer")
         except Exception as e:
@@ -212,29 +213,24 @@ class Collector:
             c = fw.counters
             begin = self.prev_end_ns if self.prev_end_ns is not None else fw.first_activity_ns
             rec: dict[str, Any] = {
+                "v": step_records.VERSION,
                 "step": self.step,
                 "t_end_ns": wall,
                 "dur_us": (now - begin) / 1e3 if begin is not None else None,
                 "pardiag_us": self.boundary_ns / 1e3,
-                "data_us": c.data_ns / 1e3,
-                "bwd_us": c.bwd_ns / 1e3,
-                "opt_us": self.opt_ns / 1e3,
-                "backwards": c.backwards,
+                "source": source,
             }
-            if c.forwards:
-                rec["fwd_us"] = c.fwd_ns / 1e3
-                rec["forwards"] = c.forwards
+            for key, counter, per, observed_by in self.signal_fields:
+                if observed_by is None or getattr(c, observed_by):
+                    rec[key] = getattr(c, counter) / per if per else getattr(c, counter)
             if self.window is not None:
                 ph = self.window.phase_of(self.step)
                 if ph:
                     rec["profiler"] = ph
-            if source == "explicit":
-                rec["source"] = source
             fw.backwards_per_step.append(c.backwards)
             if len(fw.backwards_per_step) > 1000:
                 del fw.backwards_per_step[:500]
             c.reset()
-            self.opt_ns = 0
             if self.steps_out is not None:
                 try:
                     self.steps_out.write(rec)

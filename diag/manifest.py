@@ -45,7 +45,7 @@ def _rank_summary(run: rundir.RunDir, rank: int) -> tuple[dict[str, Any], dict[s
     last = None
     for rec in rundir.iter_steps(run.steps(rank)):
         steps += 1
-        last = rec["step"]
+        last = rec.step
     info["steps"] = steps
     info["last_step"] = last
     trace, complete = run.find_trace(rank)

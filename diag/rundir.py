@@ -12,7 +12,8 @@ per-node directories from that list::
       launchers/<host>.<pid>.json   one record per `pardiag run` process (several nodes)
       ranks/<rank>/trace.json.gz    Kineto trace of the profiled window (trace.json until
                                     the launcher has compressed it)
-      ranks/<rank>/steps.jsonl      one line per training step, every step
+      ranks/<rank>/steps.jsonl      one line per training step, every step (versioned per
+                                    line; the format is `step_records`)
       ranks/<rank>/meta.json        what the rank used (DDP, FSDP, AMP, DataLoader, ...)
       ranks/<rank>/summary.json     the trace reduced on its node: breakdown, phases, collectives
       ranks/<rank>/telemetry.jsonl  NVML samples of the GPU(s) the rank used
@@ -47,7 +48,10 @@ import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import TYPE_CHECKING, Any, Iterator, Literal
+
+if TYPE_CHECKING:  # step_records imports this module; the collector never reads steps
+    from pardiag.step_records import StepRecord
 
 FORMAT = "pardiag.run"
 FORMAT_VERSION = 1
@@ -400,8 +404,11 @@ def read_launcher_records(run: RunDir) -> list[dict[str, Any]]:
     return out
 
 
-def iter_steps(path: Path) -> Iterator[dict[str, Any]]:
-    """Step records; a torn last line (a killed rank) is skipped, not fatal."""
+def iter_steps(path: Path) -> Iterator[StepRecord]:
+    """Step records, older versions upgraded (`step_records.parse`); a torn last line
+    (a killed rank) is skipped, not fatal. Raises RunDirError for a newer version."""
+    from pardiag.step_records import parse
+
     try:
         f = open(path, encoding="utf-8", errors="replace")
     except FileNotFoundError:
@@ -412,14 +419,15 @@ def iter_steps(path: Path) -> Iterator[dict[str, Any]]:
             if not line:
                 continue
             try:
-                rec = json.loads(line)
+                obj = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+            rec = parse(obj, path)
+            if rec is not None:
                 yield rec
 
 
-def read_steps(run: RunDir, rank: int) -> list[dict[str, Any]]:
+def read_steps(run: RunDir, rank: int) -> list[StepRecord]:
     return list(iter_steps(run.steps(rank)))
 
 

@@ -1,7 +1,10 @@
 """Colours and labels of the time categories, defined once for every renderer (HTML
-report, TUI). Plain data: importing this module pulls in nothing."""
+report, TUI). Plain data: importing this module pulls in nothing but the table of
+per-step signals (`step_records.SIGNALS`), whose colours the host phases use."""
 
 from __future__ import annotations
+
+from pardiag.step_records import SIGNALS as _SIGNALS
 
 # breakdown_us keys (Analysis.BREAKDOWN_KEYS), in stacking order
 CATEGORY_LABELS: dict[str, str] = {
@@ -29,11 +32,9 @@ PHASE_LABELS: dict[str, str] = {
     "optimizer": "optimizer",
     "other": "other",
 }
+# the phases measured per step on the host take their colour from the signal table
 PHASE_COLOURS: dict[str, str] = {
-    "dataloader": "#3aa57a",
-    "forward": "#5b9bd5",
-    "backward": "#2f5f9e",
-    "optimizer": "#d9a53a",
+    **{s.name: s.colour for s in _SIGNALS if s.host_phase and s.colour},
     "other": "#b0b6bf",
 }
 

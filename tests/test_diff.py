@@ -30,7 +30,8 @@ from pardiag.analyzers.diff import (
     midranks,
     verdict,
 )
-from pardiag.analyzers.steps import DISTURBED_US, WARMUP_STEPS
+from pardiag.step_records import StepRecord, counted
+from pardiag.step_records import parse as parse_step
 from pardiag.report_diff import render_markdown
 from factories import analysis, rank
 
@@ -139,10 +140,15 @@ def test_verdict_needs_size_and_significance() -> None:
 # -- samples and deltas by hand --------------------------------------------------------------
 
 
-def _records(durs: list[float]) -> list[dict]:
+def _records(durs: list[float]) -> list[StepRecord]:
     """Steps 1.. with these durations (step 0, the warm-up, comes first)."""
-    return [{"step": 0, "dur_us": 1e6, "pardiag_us": 0.0}] + [
-        {"step": i + 1, "dur_us": d, "pardiag_us": 10.0} for i, d in enumerate(durs)]
+    return _parsed([{"step": 0, "dur_us": 1e6, "pardiag_us": 0.0}] + [
+        {"step": i + 1, "dur_us": d, "pardiag_us": 10.0} for i, d in enumerate(durs)])
+
+
+def _parsed(lines: list[dict]) -> list[StepRecord]:
+    """Step records from steps.jsonl objects, as the reader gives them."""
+    return [r for x in lines if (r := parse_step(x)) is not None]
 
 
 def test_job_step_time_is_the_slowest_rank_of_undisturbed_steps() -> None:
@@ -153,7 +159,7 @@ def test_job_step_time_is_the_slowest_rank_of_undisturbed_steps() -> None:
           {"step": 3, "dur_us": 125, "profiler": "active"}, {"step": 4, "dur_us": 128, "pardiag_us": 999},
           {"step": 5, "dur_us": 140}]
     # step 0 warm-up, 2 disturbed on rank 0, 3 profiled, 6 missing on rank 1
-    j = job_step_times_us({0: r0, 1: r1})
+    j = job_step_times_us({0: _parsed(r0), 1: _parsed(r1)})
     assert j.values_us == [105, 130, 140] and j.steps == [1, 4, 5] and j.left_out == 4
 
 
@@ -238,14 +244,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
-def _undisturbed(run: Path, rank: int) -> list[dict]:
+def _undisturbed(run: Path, rank: int) -> list[StepRecord]:
     recs = rundir.read_steps(rundir.RunDir(run), rank)
-    return [r for r in recs if r["step"] >= WARMUP_STEPS and r.get("profiler") is None
-            and r.get("pardiag_us", 0) < DISTURBED_US]
+    return [r for r in recs if counted(r)]
 
 
 def _forward_us(run: Path) -> float:
-    return float(np.median([r["fwd_us"] for r in _undisturbed(run, 0)]))
+    return float(np.median([r.get("forward") for r in _undisturbed(run, 0)]))
 
 
 def _halves_ratio(run: Path) -> float:

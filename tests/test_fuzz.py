@@ -83,4 +83,7 @@ def test_run_directory_readers(tmp_path_factory, manifest, steps: str) -> None:
             assert isinstance(read(), dict)
         except rundir.RunDirError as e:
             assert "\n" not in str(e)
-    assert all(isinstance(r["step"], int) for r in rundir.read_steps(run, 0))
+    try:
+        assert all(isinstance(r.step, int) for r in rundir.read_steps(run, 0))
+    except rundir.RunDirError as e:  # a line of a newer version
+        assert "\n" not in str(e)

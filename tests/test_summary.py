@@ -31,6 +31,7 @@ from pardiag.analyzers.scaling import scaling
 from pardiag.analyzers.steps import percentile
 from pardiag.analyzers.summary import build_summary
 from pardiag.errors import UserError
+from pardiag.step_records import parse as parse_step
 from pardiag.render_text import print_summary
 from pardiag.report_html import render_html
 from pardiag.report_md import render_markdown
@@ -48,8 +49,8 @@ RANKS = [rank(0, 100, 2, 20, 10, 10, 130), rank(1, 110, 3, 90, 30, 6, 143)]
 #   job step (the slower rank): 110 108 112 109 111 -> sorted 108 109 110 111 112:
 #   p50 110; p90 at position 0.9 x 4 = 3.6: 111 + 0.6 = 111.6; p99 at 3.96: 111.96; max 112
 DURS = {0: [500, 100, 102, 98, 100, 101, 130], 1: [520, 110, 108, 112, 109, 111, 143]}
-RECORDS = {r: [{"step": i, "dur_us": d * MS, **({"profiler": "active"} if i == 6 else {})} for i, d in enumerate(ds)]
-           for r, ds in DURS.items()}
+RECORDS = {r: [parse_step({"step": i, "dur_us": d * MS, **({"profiler": "active"} if i == 6 else {})})
+               for i, d in enumerate(ds)] for r, ds in DURS.items()}
 
 
 def job(records: bool = True) -> Analysis:

@@ -16,6 +16,7 @@ from pardiag.recording import job_key_from, launcher_kind
 from pardiag.envsetup import build_env, inject_dir
 from pardiag.redact import REDACTED, redact_argv, redact_env, redact_text
 from pardiag.rundir import RunDir, iter_steps
+from pardiag.step_records import parse as parse_step
 
 
 @pytest.mark.parametrize(
@@ -104,7 +105,7 @@ def test_redact_text_hides_secret_values_from_env() -> None:
 def test_iter_steps_skips_torn_last_line(tmp_path: Path) -> None:
     p = tmp_path / "steps.jsonl"
     p.write_text('{"step":0,"dur_us":1}\n{"step":1,"dur_us":2}\n{"step":2,"du')
-    assert [r["step"] for r in iter_steps(p)] == [0, 1]
+    assert [r.step for r in iter_steps(p)] == [0, 1]
     assert list(iter_steps(tmp_path / "missing.jsonl")) == []
 
 
@@ -114,7 +115,7 @@ def test_step_stats_by_hand() -> None:
     recs += [{"step": 5, "dur_us": 900.0, "data_us": 0, "profiler": "active"}]
     recs += [{"step": 6, "dur_us": 800.0, "data_us": 0, "profiler": "warmup"}]
     recs += [{"step": 7, "dur_us": 700.0, "data_us": 0, "pardiag_us": 450_000.0}]  # closing the window
-    st = step_stats(recs)
+    st = step_stats([parse_step(r) for r in recs])
     assert st.disturbed == 1
     assert st.n == 4 and st.p50_us == 250.0 and st.mean_us == 250.0 and st.max_us == 400.0
     assert st.p90_us == pytest.approx(370.0)  # 300 + 0.7 * (400 - 300)

@@ -15,6 +15,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 
 from pardiag import style
 from pardiag.analysis import Analysis, RankResult
+from pardiag.step_records import host_phases
 from pardiag.tui import format as fmt
 from pardiag.tui.screens.base import PardiagScreen
 from pardiag.tui.widgets.section import Section
@@ -84,9 +85,11 @@ def phases_section(r: RankResult, width: int) -> RenderableType:
 def host_phases_section(r: RankResult, width: int) -> RenderableType:
     if not r.host_phases_us:
         return Text("no host phases (steps.jsonl had no phase timestamps)", style="dim")
-    order = {k: i for i, k in enumerate(style.PHASE_LABELS)}
+    signals = host_phases()  # the signal table's order and colours
+    order = {s.name: i for i, s in enumerate(signals)}
+    colours = {s.name: s.colour for s in signals if s.colour}
     keys = sorted(r.host_phases_us, key=lambda k: (k == "step", order.get(k, len(order)), k))
-    rows = [(k, r.host_phases_us[k], style.PHASE_COLOURS.get(k, "#7f8c8d")) for k in keys]
+    rows = [(k, r.host_phases_us[k], colours.get(k, "#7f8c8d")) for k in keys]
     return Group(Text("ms per step, median over all steps, measured on the host", style="dim"), _bars(rows, width))
 
 
