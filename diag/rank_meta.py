@@ -99,7 +99,8 @@ def _any(v: Any) -> Any:
 class _Record:
     """A JSON object with typed fields for the keys pardiag reads. `keys`: the keys the
     document had, in order, so that `to_dict` gives back what was read (a key that was
-    absent stays absent); `extra`: the keys no field names."""
+    absent stays absent); `extra`: the keys no field names, and the value of a typed
+    key that is not of its type (the field reads None; the value is not lost)."""
 
     extra: Mapping[str, Any] = field(default_factory=dict, kw_only=True)
     keys: tuple[str, ...] = field(default=(), kw_only=True, repr=False, compare=False)
@@ -109,8 +110,15 @@ class _Record:
     @classmethod
     def from_mapping(cls: type[_R], d: Mapping[str, Any]) -> _R:
         names = {f.name for f in fields(cls)} - {"extra", "keys"}
-        kwargs = {k: cls._TYPES.get(k, _any)(v) for k, v in d.items() if k in names}
-        extra = {k: v for k, v in d.items() if k not in names}
+        kwargs: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
+        for k, v in d.items():
+            if k not in names:
+                extra[k] = v
+                continue
+            kwargs[k] = cls._TYPES.get(k, _any)(v)
+            if kwargs[k] is None and v is not None:
+                extra[k] = v  # not of the field's type: kept as it was
         return cls(**kwargs, extra=extra, keys=tuple(d))
 
     def to_dict(self) -> dict[str, Any]:
@@ -118,10 +126,10 @@ class _Record:
         names = {f.name for f in fields(self)} - {"extra", "keys"}
         out: dict[str, Any] = {}
         for k in self.keys:
-            if k in names:
-                out[k] = _plain(getattr(self, k))
-            elif k in self.extra:
+            if k in self.extra:
                 out[k] = self.extra[k]
+            elif k in names:
+                out[k] = _plain(getattr(self, k))
         for k, v in self.extra.items():
             out.setdefault(k, v)
         return out

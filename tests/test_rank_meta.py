@@ -117,6 +117,15 @@ def test_nothing_is_dropped_on_the_way_through(tmp_path: Path) -> None:
     assert {k: v for k, v in back["exit"].items() if k != "message"} == {k: v for k, v in doc["exit"].items() if k != "message"}
 
 
+def test_a_value_not_of_its_type_reads_as_none_and_is_kept() -> None:
+    doc = meta_v1(pid="4242", device={"type": "cpu", "max_memory_reserved_bytes": "lots"})
+    m = parse_meta(doc, "meta.json")
+    assert m.pid is None and m.extra["pid"] == "4242"
+    assert m.device is not None and m.device.type == "cpu" and m.device.max_memory_reserved_bytes is None
+    back = m.to_dict()
+    assert back["pid"] == "4242" and back["device"] == {"type": "cpu", "max_memory_reserved_bytes": "lots"}
+
+
 def test_a_version_2_meta_is_read_as_written() -> None:
     """Version 2 was redacted by its writer: reading it changes no text."""
     doc = meta_v1(format_version=2, exit={"status": "exception", "type": "E", "message": "plain text", "step": 1})
