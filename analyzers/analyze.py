@@ -21,6 +21,8 @@ from pardiag.analyzers.steps import step_stats
 from pardiag.analyzers.stragglers import RankEvidence, find_stragglers
 from pardiag.analyzers.trace import trace_head
 from pardiag.errors import UserError
+from pardiag.rank_meta import RankMeta
+from pardiag.run_info import FrameworkInfo, RunInfo
 from pardiag.step_records import StepRecord
 
 if TYPE_CHECKING:
@@ -151,7 +153,9 @@ def analyze_path(
     else:
         run, inputs = find_inputs(path, notices, allow_empty=bool(nccl_logs))
     manifest = _manifest(run, notices) if run is not None else {}
-    metas = {i.rank: _meta(run, i.rank) for i in inputs} if run is not None else {}
+    metas: dict[int, RankMeta] = {}
+    if run is not None:
+        metas = {i.rank: m for i in inputs if (m := _meta(run, i.rank)) is not None}
 
     summaries = _summarise_all([i for i in inputs if i.trace is not None], jobs, progress, run)
     for i in inputs:
@@ -173,7 +177,7 @@ def analyze_path(
     ]
     world = (
         manifest.get("world_size")
-        or max((m.get("world_size") or 0 for m in metas.values() if m), default=0)
+        or max((m.world_size or 0 for m in metas.values()), default=0)
         or max((t.world_size or 0 for t in traces.values()), default=0)
         or len(inputs)
     )
@@ -194,7 +198,7 @@ def analyze_path(
     if run is not None:
         from pardiag.analyzers.hang import diagnose, last_finished_steps
 
-        hang = diagnose({r: (m or {}).get("exit") or {} for r, m in metas.items()},
+        hang = diagnose({r: m.exit.to_dict() for r, m in metas.items()},
                         last_finished_steps(step_records), world)
         if hang:
             notices.append(Notice("error", f"hang: {hang['summary']}"))
@@ -215,12 +219,12 @@ def analyze_path(
         hta=hta,
         nccl=nccl,
         telemetry=telemetry,
-        run=_run_info(path, manifest, metas, inputs, world, offsets, ranks, nccl),
+        run=_run_info(path, manifest, metas, inputs, world, offsets, ranks, nccl, from_run_dir=run is not None),
         ranks=ranks,
         collectives=matched.collectives,
         stragglers=stragglers,
         process_groups=process_groups(traces, matched.collectives, world,
-                                      fsdp=any((m or {}).get("fsdp") for m in metas.values())),
+                                      fsdp=any(m.fsdp for m in metas.values())),
         notices=notices,
         summary=build_summary(ranks, step_records if run is not None else None),
     ), nccl=nccl_report, telemetry=telemetry)
@@ -321,25 +325,26 @@ def _manifest(run: rundir.RunDir, notices: list[Notice]) -> dict[str, Any]:
         return {}
 
 
-def _meta(run: rundir.RunDir | None, rank: int) -> dict[str, Any]:
+def _meta(run: rundir.RunDir | None, rank: int) -> RankMeta | None:
+    """The rank's meta.json; None when there is none or it cannot be read."""
     if run is None:
-        return {}
+        return None
     try:
         return rundir.read_meta(run, rank)
     except rundir.RunDirError:
-        return {}
+        return None
 
 
-def _why_no_trace(meta: dict[str, Any] | None) -> str:
-    prof = (meta or {}).get("profiler") or {}
-    return prof.get("reason") or prof.get("status") or "not recorded"
+def _why_no_trace(meta: RankMeta | None) -> str:
+    prof = meta.profiler if meta is not None else None
+    return (prof.reason or prof.status or "not recorded") if prof is not None else "not recorded"
 
 
 def _rank_result(
     inp: RankInput,
     records: Sequence[StepRecord],
     s: TraceSummary | None,
-    meta: dict[str, Any] | None,
+    meta: RankMeta | None,
     waits: dict[int, float],
     transfers: dict[int, float],
 ) -> RankResult:
@@ -355,13 +360,12 @@ def _rank_result(
         profiled_p50=st.profiled_p50_us,
     )
     t = s.result if s else None
-    meta = meta or {}
     zero_b = {k: 0.0 for k in ("compute", "comm_exposed", "comm_overlapped", "memcpy", "dataloader", "idle")}
     zero_p = {k: 0.0 for k in ("dataloader", "forward", "backward", "optimizer", "other")}
     n_steps = len(t.steps) if t else 0
     return RankResult(
         rank=inp.rank,
-        host=meta.get("host"),
+        host=meta.host if meta is not None else None,
         steps_profiled=n_steps,
         window_us=t.window_us if t else 0.0,
         breakdown_us=dict(t.breakdown_us) if t else zero_b,
@@ -370,7 +374,7 @@ def _rank_result(
         gpu=s.gpu if s else None,
         trace=str(inp.trace.name) if inp.trace else None,
         trace_complete=inp.trace_complete and t is not None,
-        device_type=t.device_type if t else (meta.get("device") or {}).get("type"),
+        device_type=t.device_type if t else (meta.device.type if meta is not None and meta.device else None),
         wait_us=waits.get(inp.rank, 0.0),
         transfer_us=transfers.get(inp.rank, 0.0),
         phases_per_step_us={k: v / n_steps for k, v in t.phases_us.items()} if t and n_steps else {},
@@ -459,43 +463,44 @@ def _ranges(xs: list[int]) -> str:
 def _run_info(
     path: Path | None,
     manifest: dict[str, Any],
-    metas: dict[int, dict[str, Any]],
+    metas: dict[int, RankMeta],
     inputs: list[RankInput],
     world: int,
     offsets: dict[int, float],
     ranks: Sequence[RankResult] = (),
     nccl: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    from_run_dir: bool = False,
+) -> RunInfo:
     """The `run` block: from the manifest and the ranks' meta.json for a run directory;
     for plain traces from their own metadata (backend from `distributedInfo`, device
     from `deviceProperties`); with NCCL logs only, from the logs."""
     from pardiag.redact import home_paths, redact_value
 
-    first = next((m for m in metas.values() if m), {})
-    device = first.get("device") or {}
-    plain = _plain_run_info(inputs, ranks) if not manifest and not metas else {}
+    first = metas[min(metas)] if metas else RankMeta()
+    device = first.device
+    plain = _plain_run_info(inputs, ranks) if not manifest and not metas and not from_run_dir else {}
     logs = _nccl_run_info(nccl or {})
     command = manifest.get("command")
-    return {
-        "path": home_paths(str(path)) if path is not None else None,
-        "world_size": world or logs.get("world_size") or 0,
-        "ranks_analyzed": len(inputs),
-        "backend": manifest.get("backend") or first.get("backend") or plain.get("backend") or logs.get("backend"),
-        "device_type": (manifest.get("device_type") or device.get("type") or plain.get("device_type")
-                        or logs.get("device_type")),
-        "device_name": device.get("name") or plain.get("device_name"),
-        "command": [home_paths(redact_value(str(c))) for c in command] if isinstance(command, list) else command,
-        "launcher": manifest.get("launcher"),
-        "hosts": (manifest.get("hosts") or sorted({m.get("host") for m in metas.values() if m.get("host")})
-                  or plain.get("hosts") or logs.get("hosts") or []),
-        "exit_code": manifest.get("exit_code"),
-        "versions": manifest.get("versions") or first.get("versions") or plain.get("versions") or logs.get("versions"),
-        "profiler": manifest.get("profiler"),
-        "clock_offsets_us": {str(r): v for r, v in sorted(offsets.items())},
-        "collectors": manifest.get("collectors"),
-        "framework": _framework(metas),
-        **({"devices": plain["devices"]} if plain.get("devices") else {}),
-    }
+    return RunInfo(
+        path=home_paths(str(path)) if path is not None else None,
+        world_size=world or logs.get("world_size") or 0,
+        ranks_analyzed=len(inputs),
+        backend=manifest.get("backend") or first.backend or plain.get("backend") or logs.get("backend"),
+        device_type=(manifest.get("device_type") or (device.type if device else None) or plain.get("device_type")
+                     or logs.get("device_type")),
+        device_name=(device.name if device else None) or plain.get("device_name"),
+        command=[home_paths(redact_value(str(c))) for c in command] if isinstance(command, list) else command,
+        launcher=manifest.get("launcher"),
+        hosts=(manifest.get("hosts") or sorted({m.host for m in metas.values() if m.host})
+               or plain.get("hosts") or logs.get("hosts") or []),
+        exit_code=manifest.get("exit_code"),
+        versions=manifest.get("versions") or first.fact("versions") or plain.get("versions") or logs.get("versions"),
+        profiler=manifest.get("profiler"),
+        clock_offsets_us={str(r): v for r, v in sorted(offsets.items())},
+        collectors=manifest.get("collectors"),
+        framework=_framework(metas),
+        devices=plain.get("devices") or None,
+    )
 
 
 def _plain_run_info(inputs: list[RankInput], ranks: Sequence[RankResult]) -> dict[str, Any]:
@@ -558,7 +563,7 @@ DDP_LOGGING_KEPT = (
 )
 
 
-def _framework(metas: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+def _framework(metas: dict[int, RankMeta]) -> FrameworkInfo | None:
     """What the job used, as rank 0 (or the lowest rank) saw it, plus the peak device
     memory over all ranks; `name`/`version` of the framework that drove the optimizer
     (None when the run did not record it: older runs, plain torch assumed); per DDP
@@ -566,33 +571,30 @@ def _framework(metas: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     DDP recorded about unused parameters."""
     import copy
 
-    present = {r: m for r, m in metas.items() if m}
-    if not present:
+    if not metas:
         return None
-    first = present[min(present)]
-    out: dict[str, Any] = {k: copy.deepcopy(first.get(k)) for k in FRAMEWORK_KEYS}
-    peaks = [((m.get("device") or {}).get("max_memory_reserved_bytes") or 0) for m in present.values()]
+    first = metas[min(metas)]
+    out: dict[str, Any] = {k: copy.deepcopy(first.fact(k)) for k in FRAMEWORK_KEYS}
+    peaks = [(m.device.max_memory_reserved_bytes if m.device else None) or 0 for m in metas.values()]
     out["peak_memory_reserved_bytes_max"] = max(peaks) if any(peaks) else None
-    fw = first.get("framework")
-    ident: dict[str, Any] = fw if isinstance(fw, dict) else {}
-    out["name"] = ident.get("name") if isinstance(ident.get("name"), str) else None
-    out["version"] = ident.get("version") if isinstance(ident.get("version"), str) else None
-    out["detected_from"] = ident.get("detected_from")
-    loaded = ident.get("loaded")
-    out["loaded"] = dict(loaded) if isinstance(loaded, dict) else {}
+    ident = first.framework
+    out["name"] = ident.name if ident else None
+    out["version"] = ident.version if ident else None
+    out["detected_from"] = ident.detected_from if ident else None
+    out["loaded"] = dict(ident.loaded) if ident else {}
     if out.get("ddp"):
         for i, d in enumerate(out["ddp"]):
             if not isinstance(d, dict):
                 continue
             log = d.pop("logging", None)  # bulky; the facts that matter are kept above it
             d["logging"] = {k: log[k] for k in DDP_LOGGING_KEPT if k in log} if isinstance(log, dict) else {}
-            d["across_ranks"] = _ddp_across_ranks(present, i)
+            d["across_ranks"] = _ddp_across_ranks(metas, i)
     if out.get("threads"):
         out["threads"].pop("python_executable", None)  # a local path: not for reports
-    return out
+    return FrameworkInfo.from_dict(out)
 
 
-def _ddp_across_ranks(metas: dict[int, dict[str, Any]], i: int) -> dict[str, Any]:
+def _ddp_across_ranks(metas: dict[int, RankMeta], i: int) -> dict[str, Any]:
     """DDP module `i` as every rank recorded it: how many ranks have it, how many ran it
     with find_unused_parameters, and the largest unused-parameter size any reported
     (DDP records it at the iterations it samples; None where no rank did)."""
@@ -600,19 +602,18 @@ def _ddp_across_ranks(metas: dict[int, dict[str, Any]], i: int) -> dict[str, Any
     sizes: list[int] = []
     iterations: list[int] = []
     for m in metas.values():
-        mods = m.get("ddp") or []
-        if not isinstance(mods, list) or i >= len(mods) or not isinstance(mods[i], dict):
+        mods = m.ddp or ()
+        if i >= len(mods):
             continue
+        mod = mods[i]
         ranks += 1
-        find_unused += bool(mods[i].get("find_unused_parameters"))
-        log = mods[i].get("logging") or {}
-        v, it = log.get("unused_parameter_size"), log.get("iteration")
-        seen_max = mods[i].get("unused_parameter_size_max")  # largest at any write of meta.json
-        vs = [x for x in (v, seen_max) if isinstance(x, int) and not isinstance(x, bool)]
+        find_unused += bool(mod.find_unused_parameters)
+        # the size at the last write, and the largest at any write of meta.json
+        vs = [x for x in (mod.unused_parameter_size, mod.unused_parameter_size_max) if x is not None]
         if vs:
             sizes.append(max(vs))
-        if isinstance(it, int) and not isinstance(it, bool):
-            iterations.append(it)
+        if mod.iteration is not None:
+            iterations.append(mod.iteration)
     return {
         "ranks": ranks,
         "find_unused_parameters": find_unused,

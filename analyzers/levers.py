@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 from pardiag.analysis import Finding, Severity
+from pardiag.run_info import FrameworkInfo
 from pardiag.analyzers.steps import median
 
 if TYPE_CHECKING:  # the registry imports this module
@@ -122,17 +123,17 @@ def _set(call: str, **kwargs: Any) -> dict[str, Any]:
     return {"call": call, "kwargs": kwargs}
 
 
-def framework_name(fw: dict[str, Any]) -> str:
+def framework_name(fw: FrameworkInfo) -> str:
     """The framework the job's optimizer steps came from; plain torch when the run did
     not record one (older runs) or names another."""
-    name = fw.get("name")
+    name = fw.name
     return name if name in FRAMEWORKS else "torch"
 
 
-def _lightning(fw: dict[str, Any]) -> tuple[str, str]:
+def _lightning(fw: FrameworkInfo) -> tuple[str, str]:
     """Import paths of (Trainer's package, Fabric's package) as the job imported them:
     the unified `lightning` package unless only the standalone ones were loaded."""
-    loaded = fw.get("loaded") or {}
+    loaded = fw.loaded
     unified = "lightning" in loaded
     return ("pytorch_lightning" if "pytorch_lightning" in loaded and not unified else "lightning.pytorch",
             "lightning_fabric" if "lightning_fabric" in loaded and not unified else "lightning.fabric")
@@ -145,9 +146,9 @@ def _major(version: Any) -> int | None:
         return None
 
 
-def _lightning_precision(fw: dict[str, Any], half: str) -> Any:
+def _lightning_precision(fw: FrameworkInfo, half: str) -> Any:
     """Lightning 2 names mixed precision "bf16-mixed"/"16-mixed"; 1.x used "bf16"/16."""
-    if (_major(fw.get("version")) or 2) < 2:
+    if (_major(fw.version) or 2) < 2:
         return "bf16" if half == "bf16" else 16
     return "bf16-mixed" if half == "bf16" else "16-mixed"
 
@@ -158,12 +159,12 @@ def _hf(note: str = "", /, **kwargs: Any) -> Form:
                 [_set(HF_ARGS, **kwargs)])
 
 
-def _trainer(fw: dict[str, Any], **kwargs: Any) -> Form:
+def _trainer(fw: FrameworkInfo, **kwargs: Any) -> Form:
     pkg = _lightning(fw)[0]
     return Form(f"from {pkg} import Trainer\ntrainer = {_call('Trainer', kwargs)}", [_set(f"{pkg}.Trainer", **kwargs)])
 
 
-def _fabric(fw: dict[str, Any], **kwargs: Any) -> Form:
+def _fabric(fw: FrameworkInfo, **kwargs: Any) -> Form:
     pkg = _lightning(fw)[1]
     return Form(f"from {pkg} import Fabric\nfabric = {_call('Fabric', kwargs)}", [_set(f"{pkg}.Fabric", **kwargs)])
 
@@ -179,7 +180,7 @@ def _ds(config: dict[str, Any], note: str = "") -> Form:
                 [_set(DS_CONFIG, **config)])
 
 
-def _ddp_strategy(fw: dict[str, Any], owner: str, ddp_kwargs: dict[str, Any], imports: str = "") -> Form:
+def _ddp_strategy(fw: FrameworkInfo, owner: str, ddp_kwargs: dict[str, Any], imports: str = "") -> Form:
     """Lightning's DDPStrategy (its keyword arguments go to DistributedDataParallel) in a
     Trainer (`owner` "trainer") or Fabric."""
     trainer_pkg, fabric_pkg = _lightning(fw)
@@ -252,13 +253,13 @@ def batch_change(ctx: RuleContext, factor: int) -> dict[str, Any]:
     """The global batch per optimizer step before and after a change that multiplies it
     by `factor`, and what to do about the learning rate (`note`; `comment`: the same in
     one line for the code)."""
-    loaders = ctx.framework.get("dataloaders") or []
+    loaders = ctx.framework.dataloaders or []
     per_rank = loader_batch(loaders[0]) if loaders and isinstance(loaders[0], dict) else None
-    world = int(ctx.analysis.run.get("world_size") or len(ctx.analysis.ranks) or 1)
-    acc = (ctx.framework.get("grad_accumulation") or {}).get("backwards_per_step") or 1
+    world = int(ctx.analysis.run.world_size or len(ctx.analysis.ranks) or 1)
+    acc = (ctx.framework.grad_accumulation or {}).get("backwards_per_step") or 1
     before = int(per_rank * world * acc) if isinstance(per_rank, int) and per_rank > 0 else None
     after = before * factor if before else None
-    opts = ctx.framework.get("optimizers") or []
+    opts = ctx.framework.optimizers or []
     opt = opts[0] if opts and isinstance(opts[0], dict) else {}
     # The learning rate a scheduler started from (torch's schedulers keep it as the group's
     # initial_lr); the current `lr` is wherever the schedule was when recorded, so no
@@ -349,10 +350,10 @@ def dataloader(ctx: RuleContext) -> list[Finding]:
     source = "median over all steps (steps.jsonl)" if shares else "share of the profiled window"
     if share < 0.05:
         return []
-    loaders = ctx.framework.get("dataloaders") or []
+    loaders = ctx.framework.dataloaders or []
     cur = loaders[0] if loaders else {}
     workers = int(cur.get("num_workers") or 0)
-    cpus = ((ctx.framework.get("threads") or {}).get("sched_affinity") or 8)
+    cpus = ((ctx.framework.threads or {}).get("sched_affinity") or 8)
     per_rank_cpus = max(1, cpus // max(1, _local_ranks(ctx)))
     # one batch takes `share` of a step to load on the main process; with w workers
     # loading in parallel the wait disappears once w * step >= load time
@@ -389,7 +390,7 @@ def _local_ranks(ctx: RuleContext) -> int:
 
 def gradient_accumulation(ctx: RuleContext) -> list[Finding]:
     exposed = ctx.exposed_transfer()
-    acc = ctx.framework.get("grad_accumulation") or {}
+    acc = ctx.framework.grad_accumulation or {}
     if exposed < 0.10 or not ctx.ddp or (acc.get("backwards_per_step") or 1) > 1:
         return []
     k = 4
@@ -519,7 +520,7 @@ def comm_overlap(ctx: RuleContext) -> list[Finding]:
     hidden = ctx.share("comm_overlapped")
     if exposed < 0.10 or hidden > exposed or ctx.ddp:
         return []  # DDP overlap is tuned through its buckets
-    fsdp = ctx.framework.get("fsdp")
+    fsdp = ctx.framework.fsdp
     if fsdp:
         code = ("# FSDP2: prefetch the next layer's all-gather\n"
                 "for prev, nxt in zip(layers, layers[1:]):\n    prev.set_modules_to_forward_prefetch([nxt])\n"
@@ -544,7 +545,7 @@ CPU_BF16_SPEEDUP = 2.0  # AMX bf16 GEMMs measured 3.6x fp32 on one core; half of
 
 
 def mixed_precision(ctx: RuleContext) -> list[Finding]:
-    amp = ctx.framework.get("amp") or {}
+    amp = ctx.framework.amp or {}
     if amp.get("autocast"):
         return []
     if not ctx.on_gpu:
@@ -560,7 +561,7 @@ def mixed_precision(ctx: RuleContext) -> list[Finding]:
     if share < 0.10:
         return []
     saving = sum(v / window * (1 - 1 / PRECISION_SPEEDUP[k]) for k, v in slow.items())
-    cap = (ctx.framework.get("device") or {}).get("capability") or ""
+    cap = (ctx.framework.device or {}).get("capability") or ""
     dtype = "torch.bfloat16" if cap and cap >= "8" else "torch.float16"
     code = (f"with torch.autocast(device_type='cuda', dtype={dtype}):\n    loss = loss_fn(model(batch))\nloss.backward()")
     if dtype == "torch.float16":
@@ -595,8 +596,8 @@ def _precision_forms(ctx: RuleContext, half: str) -> dict[str, Form]:
 
 def _cpu_mixed_precision(ctx: RuleContext) -> list[Finding]:
     """CPUs with bf16 matrix units (AMX, AVX512-BF16) run bf16 GEMMs several times faster."""
-    dev = ctx.framework.get("device") or {}
-    dtypes = set(((ctx.framework.get("parameters") or {}).get("bytes_by_dtype") or {}))
+    dev = ctx.framework.device or {}
+    dtypes = set(((ctx.framework.parameters or {}).get("bytes_by_dtype") or {}))
     if not dev.get("bf16_matmul") or (dtypes and dtypes != {"torch.float32"}):
         return []
     window = sum(r.window_us for r in ctx.ranks)
@@ -620,21 +621,21 @@ def _cpu_mixed_precision(ctx: RuleContext) -> list[Finding]:
 
 
 def sharding(ctx: RuleContext) -> list[Finding]:
-    dev = ctx.framework.get("device") or {}
+    dev = ctx.framework.device or {}
     total = dev.get("memory_budget_bytes") or dev.get("total_memory_bytes")
-    params = (ctx.framework.get("parameters") or {}).get("local_bytes") or 0
-    opt = sum(o.get("state_bytes") or 0 for o in ctx.framework.get("optimizers") or [])
+    params = (ctx.framework.parameters or {}).get("local_bytes") or 0
+    opt = sum(o.get("state_bytes") or 0 for o in ctx.framework.optimizers or [])
     if not total or not params:
         return []
     state = 2 * params + opt  # parameters, gradients, optimizer state (this rank's share)
-    peak = ctx.framework.get("peak_memory_reserved_bytes_max") or dev.get("max_memory_reserved_bytes") or 0
-    n = max(1, int(ctx.analysis.run.get("world_size") or 1))
+    peak = ctx.framework.peak_memory_reserved_bytes_max or dev.get("max_memory_reserved_bytes") or 0
+    n = max(1, int(ctx.analysis.run.world_size or 1))
     gb = 2**30
     where = ("the planned " if dev.get("memory_budget_bytes") else "") + (
         "host memory share" if dev.get("memory_is_host_share") and not dev.get("memory_budget_bytes") else "device")
     ev = [f"model state {state / gb:.2f} GB per rank (parameters {params / gb:.2f}, gradients {params / gb:.2f}, "
           f"optimizer {opt / gb:.2f}) on {where} of {total / gb:.1f} GB; peak {peak / gb:.2f} GB"]
-    if ctx.framework.get("fsdp") and state * n < 0.25 * total and ctx.exposed_transfer() >= 0.10:
+    if ctx.framework.fsdp and state * n < 0.25 * total and ctx.exposed_transfer() >= 0.10:
         return [Finding(
             lever="sharding", severity="medium",
             title="the whole model state fits one device: DDP would avoid FSDP's all-gathers",
@@ -651,7 +652,7 @@ def sharding(ctx: RuleContext) -> list[Finding]:
                                    "config): accelerator.prepare then wraps the model in DistributedDataParallel"),
             }),
         )]
-    if ctx.framework.get("fsdp") or (peak < 0.90 * total and state < 0.60 * total):
+    if ctx.framework.fsdp or (peak < 0.90 * total and state < 0.60 * total):
         return []
     if opt >= params and 2 * params + opt / n < 0.6 * total:
         stage, code = "ZeRO-1 (shard the optimizer state)", "# torch: ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW)"
@@ -709,15 +710,15 @@ def _sharding_forms(ctx: RuleContext, zero: int) -> dict[str, Form]:
 
 
 def batch_size(ctx: RuleContext) -> list[Finding]:
-    dev = ctx.framework.get("device") or {}
+    dev = ctx.framework.device or {}
     total = dev.get("total_memory_bytes")
-    peak = ctx.framework.get("peak_memory_reserved_bytes_max") or 0
+    peak = ctx.framework.peak_memory_reserved_bytes_max or 0
     if not ctx.on_gpu or not total or not peak:
         return []
     busy = 1 - ctx.share("idle") - ctx.share("dataloader")
     if peak > 0.5 * total or busy >= 0.5:
         return []
-    loaders = ctx.framework.get("dataloaders") or []
+    loaders = ctx.framework.dataloaders or []
     bs = (loader_batch(loaders[0]) if loaders and isinstance(loaders[0], dict) else None) or "B"
     new = bs * 2 if isinstance(bs, int) else Expr("...")
     forms = {"transformers": _hf(per_device_train_batch_size=new)}
@@ -765,7 +766,7 @@ def sync_points(ctx: RuleContext) -> list[Finding]:
 def _find_unused_modules(ctx: RuleContext) -> list[dict[str, Any]]:
     """DDP modules that search for unused parameters every iteration (find_unused_parameters
     without a static graph, which skips the search after its first iteration)."""
-    return [d for d in ctx.framework.get("ddp") or []
+    return [d for d in ctx.framework.ddp or []
             if isinstance(d, dict) and d.get("find_unused_parameters") and not d.get("static_graph")]
 
 
@@ -815,7 +816,7 @@ def ddp_find_unused(ctx: RuleContext) -> list[Finding]:
     uses all its parameters. No estimated saving: one run does not separate the search's
     cost (its per-parameter operators are small and the profiler inflates them), so the
     finding states the work DDP does and what DDP recorded."""
-    world = int(ctx.analysis.run.get("world_size") or len(ctx.analysis.ranks) or 0)
+    world = int(ctx.analysis.run.world_size or len(ctx.analysis.ranks) or 0)
     found = []
     for d in _find_unused_modules(ctx):
         acr = d.get("across_ranks") or {}

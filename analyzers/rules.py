@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterator, Literal, Mapping, Protocol, Sequence
 
 from pardiag.analysis import LEVERS, Analysis, Finding, Lever, Notice, RankResult
+from pardiag.run_info import FrameworkInfo
 from pardiag.analyzers import levers
 from pardiag.analyzers import telemetry as gpu_health
 from pardiag.analyzers.levers import rank_key, what_if
@@ -72,9 +73,10 @@ class RuleContext:
         return gpu_health.judged_gpus(self.telemetry)[1]
 
     @property
-    def framework(self) -> dict[str, Any]:
-        """What the ranks recorded about the job (`run.framework`); {} when nothing."""
-        return self.analysis.run.get("framework") or {}
+    def framework(self) -> FrameworkInfo:
+        """What the ranks recorded about the job (`run.framework`); an empty record
+        (every fact None) when nothing."""
+        return self.analysis.run.fw
 
     @property
     def step_us(self) -> float:
@@ -114,7 +116,7 @@ class RuleContext:
     @property
     def ddp(self) -> dict[str, Any] | None:
         """The first DDP module the ranks recorded, None without DDP."""
-        d = self.framework.get("ddp") or []
+        d = self.framework.ddp or []
         return d[0] if d else None
 
     @property

@@ -46,10 +46,10 @@ class ScalingResult:
 
 
 def _batch(a: Analysis) -> tuple[int | None, int]:
-    fw = a.run.get("framework") or {}
-    loaders = fw.get("dataloaders") or []
+    fw = a.run.fw
+    loaders = fw.dataloaders or []
     b = loaders[0].get("batch_size") if loaders else None
-    accum = (fw.get("grad_accumulation") or {}).get("backwards_per_step") or 1
+    accum = (fw.grad_accumulation or {}).get("backwards_per_step") or 1
     return (int(b) if isinstance(b, int) else None), int(round(accum))
 
 
@@ -73,7 +73,7 @@ def scaling(runs: Sequence[tuple[str, Analysis]]) -> ScalingResult:
     notes: list[str] = []
     rows = []
     for label, a in runs:
-        n = int(a.run.get("world_size") or len(a.ranks) or 1)
+        n = int(a.run.world_size or len(a.ranks) or 1)
         step = a.job_summary.step_p50_us or 0.0
         b, accum = _batch(a)
         rows.append((label, n, step, b, b * accum * n if b else None, a.job_summary.comm_exposed_ratio or 0.0))

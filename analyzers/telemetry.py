@@ -168,10 +168,9 @@ def _load(run: RunDir) -> _Loaded:
 
 def _meta_host(run: RunDir, rank: int) -> str | None:
     try:
-        host = rundir.read_meta(run, rank).get("host")
+        return rundir.read_meta(run, rank).host
     except RunDirError:
         return None
-    return host if isinstance(host, str) else None
 
 
 # --------------------------------------------------------------------------- statistics

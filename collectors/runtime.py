@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pardiag import rundir, step_records
+from pardiag.rank_meta import safe_redact
 from pardiag.redact import redact_argv
 from pardiag.collectors.bootstrap import ENV_RUN_DIR, _PostImportFinder
 from pardiag.collectors.config import CollectorConfig
@@ -146,13 +147,18 @@ class Collector:
         self.window = None
 
     def _error(self, where: str, e: BaseException) -> None:
+        # The text is redacted here, once: meta.json never holds it unredacted.
         if len(self.errors) < MAX_ERRORS:
+            try:
+                text = f"{type(e).__name__}: {e}"
+            except Exception:
+                text = type(e).__name__
             self.errors.append(
                 {
                     "where": where,
-                    "error": f"{type(e).__name__}: {e}",
+                    "error": safe_redact(text),
                     "step": self.step,
-                    "traceback": traceback.format_exc(limit=6),
+                    "traceback": safe_redact(traceback.format_exc(limit=6)),
                 }
             )
 
@@ -324,7 +330,7 @@ class Collector:
             self.exit_info = {
                 "status": "exception",
                 "type": getattr(etype, "__name__", str(etype)),
-                "message": str(value)[:2000],
+                "message": safe_redact(str(value)[:2000]),
                 "step": self.step,
             }
         except Exception:

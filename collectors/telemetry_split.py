@@ -12,29 +12,30 @@ from pathlib import Path
 from typing import Any
 
 from pardiag import rundir
+from pardiag.rank_meta import RankMeta
 from pardiag.collectors.nvml_metrics import error_text
 from pardiag.rundir import RunDir, RunDirError, normalise_uuid
 
 
-def gpu_of_rank(meta: dict[str, Any], gpus: dict[int, str | None]) -> tuple[int, str] | None:
+def gpu_of_rank(meta: RankMeta, gpus: dict[int, str | None]) -> tuple[int, str] | None:
     """(NVML index, how it was matched) of the GPU a rank used, from its meta.json.
 
     `gpus` maps NVML indices to UUIDs. The UUID decides when the meta has one; otherwise
     the rank's CUDA device index is looked up in its CUDA_VISIBLE_DEVICES (indices or
     UUID prefixes), or taken as the NVML index when that variable was not set (CUDA's
     and NVML's orders agree on most machines; the UUID is the reliable key)."""
-    dev = meta.get("device") or {}
-    if not isinstance(dev, dict) or dev.get("type") != "cuda":
+    dev = meta.device
+    if dev is None or dev.type != "cuda":
         return None
-    want = normalise_uuid(dev.get("uuid"))
+    want = normalise_uuid(dev.uuid)
     if want:
         for idx, uuid in gpus.items():
             if normalise_uuid(uuid) == want:
                 return idx, "uuid"
-    local = dev.get("index") if isinstance(dev.get("index"), int) else meta.get("local_rank")
-    if not isinstance(local, int) or local < 0:
+    local = dev.index if dev.index is not None else meta.local_rank
+    if local is None or local < 0:
         return None
-    cvd = dev.get("cuda_visible_devices")
+    cvd = dev.cuda_visible_devices
     if cvd is None:
         return (local, "index") if local in gpus else None
     entries = [e.strip() for e in (",".join(map(str, cvd)) if isinstance(cvd, (list, tuple)) else str(cvd)).split(",")]
@@ -49,14 +50,14 @@ def gpu_of_rank(meta: dict[str, Any], gpus: dict[int, str | None]) -> tuple[int,
     return (hits[0], "cuda_visible_devices") if len(hits) == 1 else None
 
 
-def _host_metas(run: RunDir, host: str) -> list[tuple[int, dict[str, Any]]]:
+def _host_metas(run: RunDir, host: str) -> list[tuple[int, RankMeta]]:
     out = []
     for r in run.ranks():
         try:
             meta = rundir.read_meta(run, r)
         except RunDirError:
             continue
-        if meta.get("host") == host:
+        if meta.host == host:
             out.append((r, meta))
     return out
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Mapping, TypeVar, get_args
 
 from pardiag.errors import UserError
+from pardiag.run_info import FrameworkInfo, RunInfo  # noqa: F401  (FrameworkInfo: for readers)
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -215,7 +216,7 @@ class Summary:
 
 @dataclass(frozen=True)
 class Analysis:
-    run: dict[str, Any]
+    run: RunInfo
     ranks: list[RankResult]
     collectives: list[Collective]
     stragglers: list[Straggler]
@@ -305,7 +306,7 @@ def from_dict(doc: Mapping[str, Any], source: str = "analysis") -> Analysis:
         r["gpu"] = _build(GpuTime, r["gpu"]) if r.get("gpu") else None
         ranks.append(_build(RankResult, r))
     a = Analysis(
-        run=dict(doc.get("run") or {}),
+        run=RunInfo.from_dict(doc.get("run") or {}),
         ranks=ranks,
         collectives=[_build(Collective, c) for c in doc.get("collectives", [])],
         stragglers=[_build(Straggler, s) for s in doc.get("stragglers", [])],

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from pardiag import __version__, rundir
+from pardiag.rank_meta import RankMeta, safe_redact
 
 
 @contextmanager
@@ -34,9 +35,9 @@ def locked(run: rundir.RunDir) -> Iterator[None]:
                 pass
 
 
-def _rank_summary(run: rundir.RunDir, rank: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def _rank_summary(run: rundir.RunDir, rank: int) -> tuple[dict[str, Any], RankMeta | None]:
     info: dict[str, Any] = {"rank": rank}
-    meta: dict[str, Any] | None = None
+    meta: RankMeta | None = None
     try:
         meta = rundir.read_meta(run, rank)
     except rundir.RunDirError as e:
@@ -52,18 +53,27 @@ def _rank_summary(run: rundir.RunDir, rank: int) -> tuple[dict[str, Any], dict[s
     info["trace"] = trace.name if trace is not None else None
     info["trace_complete"] = complete
     if meta is not None:
-        info["host"] = meta.get("host")
-        info["pid"] = meta.get("pid")
-        info["exit"] = meta.get("exit")
-        info["profiler"] = (meta.get("profiler") or {}).get("status")
-        info["errors"] = len(meta.get("errors") or [])
+        info["host"] = meta.host
+        info["pid"] = meta.pid
+        info["exit"] = _redacted_exit(meta.exit.to_dict()) if "exit" in meta.keys else None
+        info["profiler"] = meta.profiler.status if meta.profiler else None
+        info["errors"] = len(meta.errors)
     return info, meta
+
+
+def _redacted_exit(ex: dict[str, Any]) -> dict[str, Any]:
+    """The exit record as the manifest keeps it: its texts redacted again (meta.json's
+    writer redacts them; a file from another writer may not have)."""
+    for k in ("message", "traceback"):
+        if k in ex:
+            ex[k] = safe_redact(ex[k])
+    return ex
 
 
 def _collector_status(
     run: rundir.RunDir,
     ranks: dict[int, dict[str, Any]],
-    metas: dict[int, dict[str, Any]],
+    metas: dict[int, RankMeta],
     world_size: int | None,
     launchers: list[dict[str, Any]],
 ) -> dict[str, Any]:
@@ -82,11 +92,12 @@ def _collector_status(
         with_steps = [r for r, i in ranks.items() if i["steps"]]
         status["steps"] = _coverage(with_steps, expected, "steps.jsonl")
         status["meta"] = _coverage(list(metas), expected, "meta.json")
-        status["profiler"] = _profiler_status({r: (m.get("profiler") or {}) for r, m in metas.items()}, missing)
+        status["profiler"] = _profiler_status({r: m.profiler.to_dict() if m.profiler else {} for r, m in metas.items()},
+                                              missing)
     status["missing_ranks"] = missing
 
     logs = [p for p in run.nccl_dir.glob("*.log") if p.stat().st_size > 0] if run.nccl_dir.is_dir() else []
-    backends = {m.get("backend") for m in metas.values() if m.get("backend")}
+    backends = {m.backend for m in metas.values() if m.backend}
     user_file = next((l.get("nccl", {}).get("kept_from_user", {}).get("NCCL_DEBUG_FILE") for l in launchers if l.get("nccl")), None)
     if logs:
         status["nccl"] = {"status": "ok", "files": len(logs)}
@@ -171,27 +182,29 @@ def rank_ranges(ranks: Iterable[int]) -> str:
 def build(run: rundir.RunDir) -> dict[str, Any]:
     launchers = rundir.read_launcher_records(run)
     ranks: dict[int, dict[str, Any]] = {}
-    metas: dict[int, dict[str, Any]] = {}
+    metas: dict[int, RankMeta] = {}
     for r in run.ranks():
         info, meta = _rank_summary(run, r)
         ranks[r] = info
         if meta is not None:
             metas[r] = meta
-    world_sizes = [m.get("world_size") for m in metas.values() if isinstance(m.get("world_size"), int)]
+    world_sizes = [m.world_size for m in metas.values() if m.world_size is not None]
     world_size = max(world_sizes) if world_sizes else (len(ranks) or None)
-    first_meta = metas[min(metas)] if metas else {}
+    first_meta = metas[min(metas)] if metas else RankMeta()
 
     failed = []
     for r, info in ranks.items():
         ex = info.get("exit") or {}
         if ex.get("status") == "exception":
-            failed.append({"rank": r, "reason": f"{ex.get('type')}: {ex.get('message')}", "step": ex.get("step")})
+            # redacted when written (meta.json's own text is redacted too: a second guard)
+            reason = safe_redact(f"{ex.get('type')}: {ex.get('message')}")
+            failed.append({"rank": r, "reason": reason, "step": ex.get("step")})
         elif ex.get("status") == "running":
             failed.append({"rank": r, "reason": "no clean exit recorded (killed, or still running)", "step": info.get("last_step")})
 
     exit_codes = [l.get("exit_code") for l in launchers if l.get("exit_code") is not None]
     exit_code = next((c for c in exit_codes if c != 0), exit_codes[0] if exit_codes else None)
-    hosts = sorted({l.get("host") for l in launchers if l.get("host")} | {m.get("host") for m in metas.values() if m.get("host")})
+    hosts = sorted({l.get("host") for l in launchers if l.get("host")} | {m.host for m in metas.values() if m.host})
     started = min((l["started"] for l in launchers if l.get("started")), default=None)
     ended_all = [l.get("ended") for l in launchers]
     lead = launchers[0] if launchers else {}
@@ -209,10 +222,10 @@ def build(run: rundir.RunDir) -> dict[str, Any]:
         "complete": bool(launchers) and all(l.get("status") == "ended" for l in launchers),
         "exit_code": exit_code,
         "world_size": world_size,
-        "backend": first_meta.get("backend"),
-        "device_type": (first_meta.get("device") or {}).get("type"),
+        "backend": first_meta.backend,
+        "device_type": first_meta.device.type if first_meta.device else None,
         "hosts": hosts,
-        "versions": first_meta.get("versions"),
+        "versions": first_meta.fact("versions"),
         "profiler": lead.get("profiler"),
         "env": lead.get("env"),
         "nccl_env": lead.get("nccl"),

@@ -257,7 +257,7 @@ def ranks_on_host(run: rundir.RunDir, host: str) -> list[int]:
     out = []
     for r in run.ranks():
         try:
-            owner = rundir.read_meta(run, r).get("host")
+            owner = rundir.read_meta(run, r).host
         except rundir.RunDirError:
             owner = None
         if owner in (None, host):

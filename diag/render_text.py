@@ -132,8 +132,8 @@ def print_summary(a: Analysis, console: Console | None = None, next_for: str | N
     console = console or Console(highlight=False)
     run = a.run
     head = (
-        f"world size {run.get('world_size') or '?'}  backend {run.get('backend') or '?'}  "
-        f"device {run.get('device_type') or '?'}  hosts {', '.join(run.get('hosts') or []) or '?'}"
+        f"world size {run.world_size or '?'}  backend {run.backend or '?'}  "
+        f"device {run.device_type or '?'}  hosts {', '.join(run.hosts or []) or '?'}"
     )
     console.print(Text(head))
     if a.ranks:

@@ -294,32 +294,32 @@ def generic_facts(d: Mapping[str, Any], prefix: str = "", depth: int = 0) -> lis
 
 def _run_facts(a: Analysis) -> list[tuple[str, str]]:
     run = a.run
-    hosts = list(run.get("hosts") or [])
-    prof = run.get("profiler") or {}
+    hosts = list(run.hosts or [])
+    prof = run.profiler or {}
     sched = prof.get("schedule") or {}
     window = ", ".join(f"{k} {sched[k]}" for k in ("skip_first", "wait", "warmup", "active", "repeat") if k in sched)
     options = [k for k in ("record_shapes", "profile_memory", "with_stack") if prof.get(k)]
-    versions = run.get("versions") or {}
+    versions = run.versions or {}
     steps = sorted({r.steps_profiled for r in a.ranks})
     rows = [
-        ("world size", str(run.get("world_size") if run.get("world_size") is not None else "?")),
+        ("world size", str(run.world_size if run.world_size is not None else "?")),
         ("ranks analysed", f"{len(a.ranks)}" + (f" ({rank_ranges(r.rank for r in a.ranks)})" if a.ranks else "")),
         ("hosts", clip(", ".join(hosts[:16]) + (f", … ({len(hosts)} in all)" if len(hosts) > 16 else ""), 400) or "?"),
-        ("backend", str(run.get("backend") or "?")),
-        ("device", str(run.get("device_type") or "?")),
-        ("launcher", str(run.get("launcher") or "?")),
-        ("exit code", "-" if run.get("exit_code") is None else str(run.get("exit_code"))),
+        ("backend", str(run.backend or "?")),
+        ("device", str(run.device_type or "?")),
+        ("launcher", str(run.launcher or "?")),
+        ("exit code", "-" if run.exit_code is None else str(run.exit_code)),
         ("versions", ", ".join(f"{k} {v}" for k, v in sorted(versions.items()) if v) or "?"),
         ("profiler window", (f"schedule {window}" if window else "?") + (f"; {', '.join(options)}" if options else "")),
         ("steps profiled", ", ".join(str(s) for s in steps) + " per rank" if steps else "-"),
-        ("source", str(run.get("path") or "?")),
+        ("source", str(run.path or "?")),
     ]
     keep = {"world size", "ranks analysed", "source"}
     return [(k, clip(v, 400)) for k, v in rows if k in keep or v not in ("?", "-", "")]
 
 
 def _command(a: Analysis) -> str:
-    cmd = a.run.get("command")
+    cmd = a.run.command
     if isinstance(cmd, list):
         return clip(shlex.join(str(x) for x in cmd), 4000)
     return clip(cmd, 4000) if cmd else ""
@@ -355,7 +355,7 @@ def _context(a: Analysis) -> dict[str, Any]:
     return {
         "a": a, "h": h, "job_steps": job_step_words(h), "ms": ms, "pct": pct, "command": _command(a), "run_facts": _run_facts(a),
         "setup": " · ".join(x for x in (f"{h.hosts} host{'' if h.hosts == 1 else 's'}" if h.hosts else "",
-                                         str(a.run.get("backend") or ""), str(a.run.get("device_type") or "")) if x),
+                                         str(a.run.backend or ""), str(a.run.device_type or "")) if x),
         "colours": style, "many": many,
         "rank_rows": [_rank_row(r, straggler_ranks) for r in (worst_ranks(a, WORST_N) if many else a.ranks)],
         "percentile_rows": [{"name": n, "cells": c} for n, c in percentile_rows(a.ranks)] if many else [],

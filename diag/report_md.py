@@ -68,7 +68,7 @@ def md_table(header: Sequence[str], rows: Iterable[Sequence[str]], right_from: i
 def _headline_lines(a: Analysis) -> list[str]:
     h = headline(a)
     run = a.run
-    setup = ", ".join(md_text(x) for x in (run.get("backend"), run.get("device_type")) if x) or "backend unknown"
+    setup = ", ".join(md_text(x) for x in (run.backend, run.device_type) if x) or "backend unknown"
     lines = ["## pardiag report", ""]
     if not a.ranks:
         return [*lines, "**No rank produced data**: nothing to analyse (see the notices below).", ""]

@@ -14,7 +14,9 @@ per-node directories from that list::
                                     the launcher has compressed it)
       ranks/<rank>/steps.jsonl      one line per training step, every step (versioned per
                                     line; the format is `step_records`)
-      ranks/<rank>/meta.json        what the rank used (DDP, FSDP, AMP, DataLoader, ...)
+      ranks/<rank>/meta.json        what the rank used (DDP, FSDP, AMP, DataLoader, ...) and how
+                                    it ended; read as a typed RankMeta (pardiag.rank_meta, which
+                                    keeps the format's history and upgrades older versions)
       ranks/<rank>/summary.json     the trace reduced on its node: breakdown, phases, collectives
       ranks/<rank>/telemetry.jsonl  NVML samples of the GPU(s) the rank used
       telemetry/<host>.jsonl        NVML samples of a host while the job runs; after the job
@@ -51,12 +53,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Literal
 
 if TYPE_CHECKING:  # step_records imports this module; the collector never reads steps
+    from pardiag.rank_meta import RankMeta
     from pardiag.step_records import StepRecord
 
 FORMAT = "pardiag.run"
 FORMAT_VERSION = 1
 META_FORMAT = "pardiag.rank-meta"
-META_VERSION = 1
+META_VERSION = 2  # 2: exception messages and tracebacks redacted when written
 LAUNCHER_FORMAT = "pardiag.launcher"
 LAUNCHER_VERSION = 1
 SUMMARY_FORMAT = "pardiag.rank-summary"
@@ -387,9 +390,13 @@ def read_manifest(run: RunDir) -> dict[str, Any]:
     return _check_version(read_json(run.manifest), run.manifest, FORMAT, FORMAT_VERSION)
 
 
-def read_meta(run: RunDir, rank: int) -> dict[str, Any]:
+def read_meta(run: RunDir, rank: int) -> RankMeta:
+    """The rank's meta.json, upgraded to this pardiag's version. RunDirError when it is
+    missing, unreadable or of a newer version."""
+    from pardiag.rank_meta import parse_meta
+
     path = run.meta(rank)
-    return _check_version(read_json(path), path, META_FORMAT, META_VERSION)
+    return parse_meta(read_json(path), path)
 
 
 def read_launcher_records(run: RunDir) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ import gzip
 import io
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -29,6 +30,7 @@ from pardiag.analysis import (
     StepTime,
     Straggler,
 )
+from pardiag.run_info import FrameworkInfo, RunInfo
 from pardiag.rundir import RunDir
 
 if TYPE_CHECKING:  # textual stays out of the tests that do not drive the TUI
@@ -53,7 +55,7 @@ def rank(r: int, *, window: float = 100_000.0, steps: int = 1, device: str = "cu
 
 
 def analysis(ranks: list[RankResult], framework: dict[str, Any] | None = None, **kw: Any) -> Analysis:
-    return Analysis(run={"world_size": len(ranks), "framework": framework or {}}, ranks=ranks,
+    return Analysis(run=RunInfo(world_size=len(ranks), framework=FrameworkInfo.from_dict(framework or {})), ranks=ranks,
                     collectives=kw.pop("collectives", []), stragglers=kw.pop("stragglers", []), **kw)
 
 
@@ -151,14 +153,14 @@ def collective(op: str = "all_reduce", group: str = "0:default_pg", size: int = 
 
 
 def run_info(world: int, *, hosts: list[str] | None = None, backend: str = "gloo", device: str = "cpu",
-             command: list[str] | None = None) -> dict[str, object]:
-    return {
-        "path": "runs/exp1", "world_size": world, "ranks_analyzed": world, "backend": backend,
-        "device_type": device, "command": command or ["torchrun", "--nproc-per-node", str(world), "train.py"],
-        "launcher": "torchrun", "hosts": hosts if hosts is not None else ["node0"], "exit_code": 0,
-        "versions": {"python": "3.11.7", "torch": "2.13.0", "cuda": None},
-        "profiler": {"enabled": True, "record_shapes": True, "schedule": {"wait": 5, "warmup": 2, "active": 3}},
-    }
+             command: list[str] | None = None) -> RunInfo:
+    return RunInfo(
+        path="runs/exp1", world_size=world, ranks_analyzed=world, backend=backend,
+        device_type=device, command=command or ["torchrun", "--nproc-per-node", str(world), "train.py"],
+        launcher="torchrun", hosts=hosts if hosts is not None else ["node0"], exit_code=0,
+        versions={"python": "3.11.7", "torch": "2.13.0", "cuda": None},
+        profiler={"enabled": True, "record_shapes": True, "schedule": {"wait": 5, "warmup": 2, "active": 3}},
+    )
 
 
 FINDING = Finding(lever="ddp_bucket_size", severity="medium", title="DDP buckets are too small for this model",
@@ -172,7 +174,7 @@ NO_MANIFEST = Notice("warning", "no usable manifest (missing); the run may still
 
 def empty_run(world: int | None = None, notice: Notice = NO_MANIFEST) -> Analysis:
     """No rank at all: a run without a manifest (run={}), or one of `world` ranks where none produced a trace."""
-    return Analysis(run={} if world is None else {"world_size": world}, ranks=[], collectives=[], stragglers=[],
+    return Analysis(run=RunInfo(world_size=world), ranks=[], collectives=[], stragglers=[],
                     notices=[notice])
 
 
@@ -244,8 +246,8 @@ def hostile() -> Analysis:
     a = small()
     r0 = rank_result(0, host=EVIL)
     return Analysis(
-        run={**a.run, "command": ["python", EVIL, "--name", "a|b`c`"], "hosts": [EVIL], "backend": EVIL, "path": EVIL,
-             "versions": {"torch": EVIL}},
+        run=replace(a.run, command=["python", EVIL, "--name", "a|b`c`"], hosts=[EVIL], backend=EVIL, path=EVIL,
+                    versions={"torch": EVIL}),
         ranks=[r0, *a.ranks[1:]],
         collectives=[collective(op=EVIL, group=EVIL)],
         stragglers=[Straggler(rank=1, excess_us_per_step=1e4, cause=EVIL, evidence=[EVIL])],
@@ -291,8 +293,8 @@ def slow_rank_job(n: int = 512, slow: int = 300) -> Analysis:
                                           ("broadcast", "0:default_pg", 2, 4_000_000, 900.0))
     ]
     return Analysis(
-        run={"world_size": n, "backend": "nccl", "device_type": "cuda", "hosts": [f"node{h:03d}" for h in range(n // 8)],
-             "path": "synthetic-512"},
+        run=RunInfo(world_size=n, backend="nccl", device_type="cuda", hosts=[f"node{h:03d}" for h in range(n // 8)],
+                    path="synthetic-512"),
         ranks=ranks, collectives=collectives,
         stragglers=[Straggler(slow, 40_000.0, "forward", ["the other ranks wait 39 ms per step more"], 39_000.0)],
         findings=[Finding("straggler", "high", f"rank {slow} is 40 ms per step slower (forward)",

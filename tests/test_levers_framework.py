@@ -21,6 +21,7 @@ import torch
 
 from pardiag.analysis import Analysis, Finding, from_dict
 from pardiag.analyzers.analyze import _framework
+from pardiag.rank_meta import RankMeta
 from pardiag.analyzers.levers import DS_CONFIG
 from pardiag.analyzers.rules import advise
 from factories import GB, MB, analysis, ddp, facts, rank
@@ -392,7 +393,7 @@ def test_sync_points_leave_out_ddp_reads_of_its_cpu_used_map() -> None:
     assert f.title.startswith("256 host-GPU")
 
 
-def meta(rank_: int, unused: int, name: str | None = "transformers") -> dict[str, Any]:
+def meta(rank_: int, unused: int, name: str | None = "transformers") -> RankMeta:
     m: dict[str, Any] = {
         "ddp": [{"find_unused_parameters": True, "static_graph": False, "bucket_sizes_bytes": [100],
                  "logging": {"unused_parameter_size": unused, "iteration": 10 + rank_, "num_parameter_tensors": 4,
@@ -403,24 +404,26 @@ def meta(rank_: int, unused: int, name: str | None = "transformers") -> dict[str
     if name:
         m["framework"] = {"name": name, "version": "4.57.0", "detected_from": "optimizer step caller",
                           "loaded": {"transformers": "4.57.0", "accelerate": "1.10.0"}, "wrapped": ["x.y"]}
-    return m
+    return RankMeta.from_mapping(m)
 
 
 def test_run_framework_carries_name_version_and_ddp_s_record_of_every_rank() -> None:
     metas = {0: meta(0, 0), 1: meta(1, 288)}
-    before = copy.deepcopy(metas)
+    before = copy.deepcopy({r: m.to_dict() for r, m in metas.items()})
     fw = _framework(metas)
-    assert metas == before  # the metas are not changed
-    assert (fw["name"], fw["version"], fw["loaded"]) == ("transformers", "4.57.0", {"transformers": "4.57.0",
-                                                                                    "accelerate": "1.10.0"})
-    d = fw["ddp"][0]
+    assert {r: m.to_dict() for r, m in metas.items()} == before  # the metas are not changed
+    assert fw is not None
+    assert (fw.name, fw.version, fw.loaded) == ("transformers", "4.57.0", {"transformers": "4.57.0",
+                                                                           "accelerate": "1.10.0"})
+    assert fw.ddp is not None and fw.threads is not None
+    d = fw.ddp[0]
     assert d["logging"] == {"unused_parameter_size": 0, "iteration": 10, "num_parameter_tensors": 4,
                             "avg_backward_comm_time": 1234}
     assert d["across_ranks"] == {"ranks": 2, "find_unused_parameters": 2, "unused_parameter_size_reported": 2,
                                  "unused_parameter_size_max": 288, "iteration_min": 10}
-    assert "python_executable" not in fw["threads"]
+    assert "python_executable" not in fw.threads
     old = _framework({0: meta(0, 0, name=None)})
-    assert old["name"] is None and old["version"] is None and old["loaded"] == {}
+    assert old is not None and old.name is None and old.version is None and old.loaded == {}
     assert _framework({}) is None
 
 

@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pardiag.analysis import Analysis
+from pardiag.run_info import RunInfo
 from pardiag.analyzers.nccl.findings import coll_laggards, hang_diagnosis, nccl_findings
 from pardiag.analyzers.nccl.log import (
     MESSAGE_RULES,
@@ -43,7 +44,7 @@ needs_logs = pytest.mark.skipif(not LOGS.is_dir(), reason="reference NCCL logs n
 def _alone(row: Row) -> Callable[[NcclReport], list[dict[str, Any]]]:
     """An NCCL row of the registry on a report alone, its findings as JSON."""
     def check(report: NcclReport) -> list[dict[str, Any]]:
-        ctx = RuleContext(Analysis(run={}, ranks=[], collectives=[], stragglers=[]), nccl=report)
+        ctx = RuleContext(Analysis(run=RunInfo(), ranks=[], collectives=[], stragglers=[]), nccl=report)
         return [asdict(f) for f in row.check(ctx)]
     return check
 

@@ -23,6 +23,8 @@ import pytest
 
 from pardiag import rundir
 from pardiag.analysis import Analysis, Straggler
+from pardiag.rank_meta import RankMeta
+from pardiag.run_info import RunInfo
 from pardiag.analyzers.rules import RuleContext, ordered, run_rules
 from pardiag.analyzers.telemetry import (
     CLOCK_EVENT_REASONS,
@@ -39,7 +41,7 @@ def gpu_health_findings(block: dict[str, Any], stragglers: list[int]) -> list[di
     """The registry's GPU health rows on a telemetry block, ordered as the Analysis orders
     them, as JSON; `stragglers` are the ranks the step-time analysis named."""
     named = [Straggler(rank=r, excess_us_per_step=0.0, cause="test", evidence=[]) for r in stragglers]
-    ctx = RuleContext(Analysis(run={}, ranks=[], collectives=[], stragglers=named), telemetry=block)
+    ctx = RuleContext(Analysis(run=RunInfo(), ranks=[], collectives=[], stragglers=named), telemetry=block)
     return [asdict(f) for f in ordered(run_rules(ctx, family="telemetry"))]
 
 
@@ -547,7 +549,7 @@ def test_one_sampler_per_host(tmp_path: Path) -> None:
     ({"type": "cpu"}, None),
 ])
 def test_gpu_of_rank(device: dict[str, Any], expected: tuple[int, str] | None) -> None:
-    meta = {"host": "h", "rank": 0, "local_rank": 0, "device": device}
+    meta = RankMeta.from_mapping({"host": "h", "rank": 0, "local_rank": 0, "device": device})
     assert gpu_of_rank(meta, {0: UUID0, 1: UUID1}) == expected
 
 

@@ -25,6 +25,7 @@ import pytest
 from rich.console import Console
 
 from pardiag.analysis import SCHEMA_VERSION, Analysis, Straggler, from_dict
+from pardiag.run_info import RunInfo
 from pardiag.analyzers.diff import RunInput, diff_runs
 from pardiag.analyzers.rules import advise
 from pardiag.analyzers.scaling import scaling
@@ -56,8 +57,8 @@ RECORDS = {r: [parse_step({"step": i, "dur_us": d * MS, **({"profiler": "active"
 def job(records: bool = True) -> Analysis:
     """Advised, as the analysis pipeline does it: the summary first, then the advisor."""
     return advise(Analysis(
-        run={"world_size": 2, "hosts": ["node0"], "backend": "gloo", "device_type": "cpu",
-             "framework": {**DDP_ONE_BUCKET, "dataloaders": [{"batch_size": 16}]}},
+        run=RunInfo.from_dict({"world_size": 2, "hosts": ["node0"], "backend": "gloo", "device_type": "cpu",
+                               "framework": {**DDP_ONE_BUCKET, "dataloaders": [{"batch_size": 16}]}}),
         ranks=RANKS, collectives=[], stragglers=[Straggler(1, 25 * MS, "forward", ["slower forward"], 21 * MS)],
         summary=build_summary(RANKS, RECORDS if records else None),
     ))

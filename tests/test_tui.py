@@ -390,7 +390,7 @@ async def test_a_path_is_loaded_in_the_worker() -> None:
         await app.workers.wait_for_complete()
         await settle(pilot)
         assert isinstance(app.screen, OverviewScreen)
-        assert app.analysis is not None and app.analysis.run["world_size"] == 128
+        assert app.analysis is not None and app.analysis.run.world_size == 128
         assert "2 notices" in screen_text(app)
         await pilot.press("5")
         await settle(pilot)
@@ -436,7 +436,7 @@ async def test_untrusted_strings_are_shown_as_text() -> None:
     a = synthetic(16, slow=3)
     a = dataclasses.replace(
         a,
-        run={**a.run, "command": ["python", evil], "hosts": [evil]},
+        run=dataclasses.replace(a.run, command=["python", evil], hosts=[evil]),
         ranks=[dataclasses.replace(r, host=evil) for r in a.ranks],
         collectives=[dataclasses.replace(c, op=evil, process_group=evil) for c in a.collectives],
         findings=[dataclasses.replace(f, title=evil, evidence=[evil], action={"code": evil}) for f in a.findings],

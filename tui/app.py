@@ -38,7 +38,7 @@ class PardiagApp(App[None]):
         self.analysis = analysis
         self.loader = loader
         self.load_error: str | None = None
-        self.source = source or (str(analysis.run.get("path") or "") if analysis else "")
+        self.source = source or (str(analysis.run.path or "") if analysis else "")
 
     def on_mount(self) -> None:
         if self.analysis is not None:

@@ -629,7 +629,9 @@ def nccl_findings(report: NcclReport) -> list[dict[str, Any]]:
     (DESIGN.md's ``findings[]``; the Analysis' own findings come from `rules.advise`)."""
     from pardiag.analyzers.rules import RuleContext, run_rules
 
-    ctx = RuleContext(Analysis(run={}, ranks=[], collectives=[], stragglers=[]), nccl=report)
+    from pardiag.run_info import RunInfo
+
+    ctx = RuleContext(Analysis(run=RunInfo(), ranks=[], collectives=[], stragglers=[]), nccl=report)
     return [asdict(f) for f in run_rules(ctx, family="nccl")]
 
 

@@ -57,7 +57,7 @@ class PardiagScreen(Screen[None]):
         yield from ()
 
     def crumb(self) -> str:
-        path = str(self.analysis.run.get("path") or "")
+        path = str(self.analysis.run.path or "")
         return path if len(path) <= 60 else "…" + path[-59:]
 
     def on_resize(self) -> None:

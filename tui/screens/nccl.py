@@ -123,7 +123,7 @@ def problems(a: Analysis) -> RenderableType:
 
 
 def no_logs(a: Analysis) -> str:
-    status = ((a.run.get("collectors") or {}).get("nccl") or {})
+    status = ((a.run.collectors or {}).get("nccl") or {})
     reason = status.get("reason") if isinstance(status, Mapping) else None
     return "no NCCL logs" + (f": {reason}" if reason else " (give them with `pardiag tui PATH --nccl-log FILE`)")
 

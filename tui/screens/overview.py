@@ -71,7 +71,7 @@ def summary(a: Analysis) -> RenderableType:
     world = h.world_size or h.ranks
     bits = [f"median step {fmt.ms(h.step_us)} ms ({h.step_source})" if h.step_us is not None else "step time unknown",
             f"{h.ranks} of {world} ranks", f"{h.hosts} host{'s' if h.hosts != 1 else ''}" if h.hosts else "",
-            str(run.get("backend") or ""), str(run.get("device_type") or "")]
+            str(run.backend or ""), str(run.device_type or "")]
     if h.comm_exposed_share is not None:
         without = (f" ({fmt.pct(h.comm_exposed_transfer_share)} without waiting)"
                    if h.comm_exposed_transfer_share is not None else "")
