@@ -5,7 +5,9 @@ waiting ... for recv"; NCCL: the watchdog's "collective operation timeout") and 
 rank that never arrived is usually still blocked elsewhere or killed by the launcher.
 Each rank's meta.json records how it ended (the exception and the step it was in)
 and steps.jsonl the last step it finished, which is enough to say who waited, where,
-and who never came. NCCL's own logs give more (sequence numbers, op types): see
+and who never came. Only collective evidence makes a verdict (`collective_failure`): a
+DataLoader, an HTTP client or a socket that times out ends the job too, but no rank waited
+for another in a collective. NCCL's own logs give more (sequence numbers, op types): see
 nccl.findings.hang_diagnosis; this works without them.
 """
 
@@ -14,12 +16,25 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Sequence
 
-TIMEOUT = re.compile(
-    r"timed out|timeout|watchdog caught collective|DistBackendError|"
-    r"connection (reset|closed) by peer|Connection closed by peer",
+# Collective evidence only: the wording of c10d's backends when a collective times out or
+# fails, never a bare "timed out" (a DataLoader, an HTTP client or a socket of the user's
+# own times out too, and that is no collective hang).
+COLLECTIVE_FAILURE = re.compile(
+    r"Watchdog caught collective operation timeout"  # ProcessGroupNCCL's watchdog
+    r"|WorkNCCL\(SeqNum="  # the NCCL work item that timed out
+    r"|Timed out waiting \d+\s*ms for (?:recv|send) operation"  # gloo's unbound buffers
+    r"|gloo/transport/\w+/pair\.cc:\d+\] (?:Connection closed by peer|Read error|Write error|Timed out)"  # a gloo peer gone
+    r"|failed to pass monitoredBarrier"  # torch.distributed.monitored_barrier
+    r"|NCCL error in:|\bnccl(?:System|Internal|Remote|UnhandledCuda|InvalidUsage|InvalidArgument)Error\b"
+    r"|NCCL operations have failed or timed out"  # TORCH_NCCL_ASYNC_ERROR_HANDLING's abort
+    r"|NCCL communicator was aborted"
+    r"|flight recorder",
     re.IGNORECASE,
 )
-_WAIT_MS = re.compile(r"(?:waiting|Timeout\(ms\)=)\s*(\d+)\s*ms|Timeout\(ms\)=(\d+)", re.IGNORECASE)
+# torch.distributed.DistBackendError: what c10d raises for a failed or timed-out collective
+# (DistStoreError and DistNetworkError are the rendezvous store's, not a collective's)
+COLLECTIVE_ERROR_TYPES = frozenset({"DistBackendError"})
+_WAIT_MS = re.compile(r"(?:waiting|Timeout\(ms\)=|monitoredBarrier in)\s*(\d+)\s*ms|Timeout\(ms\)=(\d+)", re.IGNORECASE)
 _OP = re.compile(r"OpType=(\w+)|for (recv|send) operation|(all_?reduce|all_?gather|reduce_?scatter|broadcast|barrier)", re.IGNORECASE)
 
 NEXT_STEPS = [
@@ -27,6 +42,16 @@ NEXT_STEPS = [
     "rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL: mismatched collectives raise at once instead of hanging",
     "for NCCL, the flight recorder dumps (pardiag sets TORCH_NCCL_DUMP_ON_TIMEOUT=1; see the run's flight/ folder)",
 ]
+
+
+def collective_failure(exit_record: Mapping[str, Any]) -> bool:
+    """Whether a rank's exit record says it failed inside a collective: an exception whose
+    type is c10d's backend error or whose message is a backend's collective timeout or
+    error (see COLLECTIVE_FAILURE)."""
+    if exit_record.get("status") != "exception":
+        return False
+    return (str(exit_record.get("type") or "") in COLLECTIVE_ERROR_TYPES
+            or bool(COLLECTIVE_FAILURE.search(str(exit_record.get("message", "")))))
 
 
 def _op(message: str) -> str | None:
@@ -43,9 +68,7 @@ def diagnose(
 ) -> dict[str, Any] | None:
     """`exits`: rank -> meta.json's `exit` record; `last_steps`: rank -> last finished
     step (None: none). Returns None unless some rank timed out in a collective."""
-    stuck = {
-        r: e for r, e in exits.items() if e.get("status") == "exception" and TIMEOUT.search(str(e.get("message", "")))
-    }
+    stuck = {r: e for r, e in exits.items() if collective_failure(e)}
     if not stuck:
         return None
     step = min(int(e.get("step") or 0) for e in stuck.values())
