@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Sequence
 
+from pardiag.analysis_blocks import Hang, HangLate, HangWait
+
 # Collective evidence only: the wording of c10d's backends when a collective times out or
 # fails, never a bare "timed out" (a DataLoader, an HTTP client or a socket of the user's
 # own times out too, and that is no collective hang).
@@ -65,24 +67,24 @@ def diagnose(
     exits: Mapping[int, Mapping[str, Any]],
     last_steps: Mapping[int, int | None],
     world_size: int,
-) -> dict[str, Any] | None:
+) -> Hang | None:
     """`exits`: rank -> meta.json's `exit` record; `last_steps`: rank -> last finished
-    step (None: none). Returns None unless some rank timed out in a collective."""
+    step (None: none). Returns None unless some rank failed in a collective."""
     stuck = {r: e for r, e in exits.items() if collective_failure(e)}
     if not stuck:
         return None
     step = min(int(e.get("step") or 0) for e in stuck.values())
-    waited: list[dict[str, Any]] = []
+    waited: list[HangWait] = []
     for r, e in sorted(stuck.items()):
         msg = str(e.get("message", ""))
         ms = _WAIT_MS.search(msg)
-        waited.append({
-            "rank": r,
-            "step": e.get("step"),
-            "op": _op(msg),
-            "timeout_ms": int(next(g for g in ms.groups() if g)) if ms else None,
-            "message": msg[:300],
-        })
+        waited.append(HangWait(
+            rank=r,
+            step=e.get("step"),
+            op=_op(msg),
+            timeout_ms=int(next(g for g in ms.groups() if g)) if ms else None,
+            message=msg[:300],
+        ))
     late = []
     for r in range(world_size):
         if r in stuck:
@@ -90,25 +92,25 @@ def diagnose(
         last = last_steps.get(r)
         ex = exits.get(r) or {}
         if last is None or last < step:
-            late.append({
-                "rank": r,
-                "last_step": last,
-                "ended": ex.get("status") or "no record",
-                "reason": "never reached the collective"
+            late.append(HangLate(
+                rank=r,
+                last_step=last,
+                ended=ex.get("status") or "no record",
+                reason="never reached the collective"
                 + (f": its last finished step is {last}" if last is not None else ": it finished no step")
                 + ("" if ex.get("status") not in ("running", None) else "; it was killed or is still running"),
-            })
-    ops = sorted({str(w["op"]) for w in waited if w["op"]})
+            ))
+    ops = sorted({w.op for w in waited if w.op})
     summary = (
-        f"rank(s) {', '.join(str(w['rank']) for w in waited)} timed out in a collective"
+        f"rank(s) {', '.join(str(w.rank) for w in waited)} timed out in a collective"
         + (f" ({', '.join(ops)})" if ops else "")
         + f" during step {step}"
     )
     if late:
-        summary += f"; rank(s) {', '.join(str(x['rank']) for x in late)} never arrived"
+        summary += f"; rank(s) {', '.join(str(x.rank) for x in late)} never arrived"
     else:
         summary += "; every rank reached that step: a mismatch of collectives or a network fault"
-    return {"source": "pardiag", "step": step, "summary": summary, "waited": waited, "late": late, "collect_next": NEXT_STEPS}
+    return Hang(source="pardiag", step=step, summary=summary, waited=waited, late=late, collect_next=list(NEXT_STEPS))
 
 
 def last_finished_steps(step_records: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[int, int | None]:

@@ -34,9 +34,9 @@ def test_nccl_watchdog_message_by_hand() -> None:
     exits = {0: {"status": "exception", "message": msg, "step": 41}, 1: {"status": "exception", "message": msg, "step": 41},
              2: {"status": "exited", "step": 100}, 3: {"status": "running"}}
     h = diagnose(exits, {0: 40, 1: 40, 2: 99, 3: 39}, world_size=4)
-    assert h is not None and h["step"] == 41
-    assert [(w["rank"], w["op"], w["timeout_ms"]) for w in h["waited"]] == [(0, "allreduce", 600000), (1, "allreduce", 600000)]
-    assert [x["rank"] for x in h["late"]] == [3]  # rank 2 went past step 41: it is not the one missing
+    assert h is not None and h.step == 41
+    assert [(w.rank, w.op, w.timeout_ms) for w in h.waited] == [(0, "allreduce", 600000), (1, "allreduce", 600000)]
+    assert [x.rank for x in h.late] == [3]  # rank 2 went past step 41: it is not the one missing
     assert diagnose({0: {"status": "exception", "message": "ValueError: bad shape", "step": 3}}, {0: 2}, 1) is None
 
 
@@ -84,9 +84,9 @@ OTHER_EXITS = [
 def test_collective_evidence_gives_a_verdict(etype: str, message: str, op: str | None, timeout_ms: int | None) -> None:
     exits = {0: {"status": "exception", "type": etype, "message": message, "step": 7}, 1: {"status": "running"}}
     h = diagnose(exits, {0: 6, 1: 4}, world_size=2)
-    assert h is not None and h["step"] == 7
-    assert [(w["rank"], w["op"], w["timeout_ms"]) for w in h["waited"]] == [(0, op, timeout_ms)]
-    assert [x["rank"] for x in h["late"]] == [1]
+    assert h is not None and h.step == 7 and h.source == "pardiag"
+    assert [(w.rank, w.op, w.timeout_ms) for w in h.waited] == [(0, op, timeout_ms)]
+    assert [x.rank for x in h.late] == [1]
 
 
 @pytest.mark.parametrize("etype,message", OTHER_EXITS)
