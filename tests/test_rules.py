@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Any, get_args
+from typing import get_args
 
 import pytest
 
