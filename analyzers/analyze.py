@@ -26,6 +26,7 @@ from pardiag.run_info import FrameworkInfo, RunInfo
 from pardiag.step_records import StepRecord
 
 if TYPE_CHECKING:
+    from pardiag.analysis_blocks import NcclSummary, Telemetry
     from pardiag.analyzers.nccl.log import NcclReport
 
 TRACE_NAME = re.compile(r".*\.json(\.gz)?$")
@@ -201,7 +202,7 @@ def analyze_path(
         hang = diagnose({r: m.exit.to_dict() for r, m in metas.items()},
                         last_finished_steps(step_records), world)
         if hang:
-            notices.append(Notice("error", f"hang: {hang['summary']}"))
+            notices.append(Notice("error", f"hang: {hang.summary}"))
     stragglers = find_stragglers(evidence)
     offsets = clock_offsets(
         {r: end_times(t.collectives, (summaries[r].base_time_ns or 0) / 1e3) for r, t in traces.items()}
@@ -210,7 +211,7 @@ def analyze_path(
         notices.append(Notice("warning", f"clocks differ by up to {max(abs(v) for v in offsets.values()) / 1e6:.1f} s between ranks; measured from collective end times (run.clock_offsets_us). pardiag compares durations across ranks, never clock times, so its figures do not depend on them"))
     hta = _hta(inputs, summaries, notices) if use_hta else None
     nccl, nccl_report = _nccl(run, nccl_logs, world, notices)
-    telemetry = _telemetry(run, notices) if run is not None else {}
+    telemetry = _telemetry(run, notices) if run is not None else None
     from pardiag.analyzers.rules import advise
     from pardiag.analyzers.summary import build_summary
 
@@ -219,7 +220,8 @@ def analyze_path(
         hta=hta,
         nccl=nccl,
         telemetry=telemetry,
-        run=_run_info(path, manifest, metas, inputs, world, offsets, ranks, nccl, from_run_dir=run is not None),
+        run=_run_info(path, manifest, metas, inputs, world, offsets, ranks, nccl.to_dict() if nccl else None,
+                      from_run_dir=run is not None),
         ranks=ranks,
         collectives=matched.collectives,
         stragglers=stragglers,
@@ -232,31 +234,30 @@ def analyze_path(
 
 def _nccl(
     run: rundir.RunDir | None, extra: Sequence[Path], world: int, notices: list[Notice]
-) -> tuple[dict[str, Any], NcclReport | None]:
+) -> tuple[NcclSummary | None, NcclReport | None]:
     logs = list(extra)
     if run is not None and run.nccl_dir.is_dir():
         logs += sorted(p for p in run.nccl_dir.glob("*.log") if p.stat().st_size > 0)
     if not logs:
-        return {}, None
+        return None, None
     from pardiag.analyzers.nccl.log import parse_nccl_logs
     from pardiag.analyzers.nccl.summary import summarise
 
     report = parse_nccl_logs(logs)
     block = summarise(report, world or None)
-    hang = block.get("hang")
-    if hang:
-        notices.append(Notice("error", f"hang: {hang.get('summary')}"))
+    if block.hang:
+        notices.append(Notice("error", f"hang: {block.hang.summary}"))
     return block, report
 
 
-def _telemetry(run: rundir.RunDir, notices: list[Notice]) -> dict[str, Any]:
+def _telemetry(run: rundir.RunDir, notices: list[Notice]) -> Telemetry | None:
     from pardiag.analyzers.telemetry import telemetry_block
 
     try:
         return telemetry_block(run)
     except Exception as e:  # telemetry is optional; never lose the analysis over it
         notices.append(Notice("warning", f"telemetry unreadable: {type(e).__name__}: {e}"))
-        return {}
+        return None
 
 
 def _hta(inputs: list[RankInput], summaries: dict[int, TraceSummary], notices: list[Notice]) -> dict[str, Any] | None:

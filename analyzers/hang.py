@@ -5,7 +5,9 @@ waiting ... for recv"; NCCL: the watchdog's "collective operation timeout") and 
 rank that never arrived is usually still blocked elsewhere or killed by the launcher.
 Each rank's meta.json records how it ended (the exception and the step it was in)
 and steps.jsonl the last step it finished, which is enough to say who waited, where,
-and who never came. NCCL's own logs give more (sequence numbers, op types): see
+and who never came. Only collective evidence makes a verdict (`collective_failure`): a
+DataLoader, an HTTP client or a socket that times out ends the job too, but no rank waited
+for another in a collective. NCCL's own logs give more (sequence numbers, op types): see
 nccl.findings.hang_diagnosis; this works without them.
 """
 
@@ -14,14 +16,28 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Sequence
 
+from pardiag.analysis_blocks import Hang, HangLate, HangWait
 from pardiag.step_records import StepRecord
 
-TIMEOUT = re.compile(
-    r"timed out|timeout|watchdog caught collective|DistBackendError|"
-    r"connection (reset|closed) by peer|Connection closed by peer",
+# Collective evidence only: the wording of c10d's backends when a collective times out or
+# fails, never a bare "timed out" (a DataLoader, an HTTP client or a socket of the user's
+# own times out too, and that is no collective hang).
+COLLECTIVE_FAILURE = re.compile(
+    r"Watchdog caught collective operation timeout"  # ProcessGroupNCCL's watchdog
+    r"|WorkNCCL\(SeqNum="  # the NCCL work item that timed out
+    r"|Timed out waiting \d+\s*ms for (?:recv|send) operation"  # gloo's unbound buffers
+    r"|gloo/transport/\w+/pair\.cc:\d+\] (?:Connection closed by peer|Read error|Write error|Timed out)"  # a gloo peer gone
+    r"|failed to pass monitoredBarrier"  # torch.distributed.monitored_barrier
+    r"|NCCL error in:|\bnccl(?:System|Internal|Remote|UnhandledCuda|InvalidUsage|InvalidArgument)Error\b"
+    r"|NCCL operations have failed or timed out"  # TORCH_NCCL_ASYNC_ERROR_HANDLING's abort
+    r"|NCCL communicator was aborted"
+    r"|flight recorder",
     re.IGNORECASE,
 )
-_WAIT_MS = re.compile(r"(?:waiting|Timeout\(ms\)=)\s*(\d+)\s*ms|Timeout\(ms\)=(\d+)", re.IGNORECASE)
+# torch.distributed.DistBackendError: what c10d raises for a failed or timed-out collective
+# (DistStoreError and DistNetworkError are the rendezvous store's, not a collective's)
+COLLECTIVE_ERROR_TYPES = frozenset({"DistBackendError"})
+_WAIT_MS = re.compile(r"(?:waiting|Timeout\(ms\)=|monitoredBarrier in)\s*(\d+)\s*ms|Timeout\(ms\)=(\d+)", re.IGNORECASE)
 _OP = re.compile(r"OpType=(\w+)|for (recv|send) operation|(all_?reduce|all_?gather|reduce_?scatter|broadcast|barrier)", re.IGNORECASE)
 
 NEXT_STEPS = [
@@ -29,6 +45,16 @@ NEXT_STEPS = [
     "rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL: mismatched collectives raise at once instead of hanging",
     "for NCCL, the flight recorder dumps (pardiag sets TORCH_NCCL_DUMP_ON_TIMEOUT=1; see the run's flight/ folder)",
 ]
+
+
+def collective_failure(exit_record: Mapping[str, Any]) -> bool:
+    """Whether a rank's exit record says it failed inside a collective: an exception whose
+    type is c10d's backend error or whose message is a backend's collective timeout or
+    error (see COLLECTIVE_FAILURE)."""
+    if exit_record.get("status") != "exception":
+        return False
+    return (str(exit_record.get("type") or "") in COLLECTIVE_ERROR_TYPES
+            or bool(COLLECTIVE_FAILURE.search(str(exit_record.get("message", "")))))
 
 
 def _op(message: str) -> str | None:
@@ -42,26 +68,24 @@ def diagnose(
     exits: Mapping[int, Mapping[str, Any]],
     last_steps: Mapping[int, int | None],
     world_size: int,
-) -> dict[str, Any] | None:
+) -> Hang | None:
     """`exits`: rank -> meta.json's `exit` record; `last_steps`: rank -> last finished
-    step (None: none). Returns None unless some rank timed out in a collective."""
-    stuck = {
-        r: e for r, e in exits.items() if e.get("status") == "exception" and TIMEOUT.search(str(e.get("message", "")))
-    }
+    step (None: none). Returns None unless some rank failed in a collective."""
+    stuck = {r: e for r, e in exits.items() if collective_failure(e)}
     if not stuck:
         return None
     step = min(int(e.get("step") or 0) for e in stuck.values())
-    waited: list[dict[str, Any]] = []
+    waited: list[HangWait] = []
     for r, e in sorted(stuck.items()):
         msg = str(e.get("message", ""))
         ms = _WAIT_MS.search(msg)
-        waited.append({
-            "rank": r,
-            "step": e.get("step"),
-            "op": _op(msg),
-            "timeout_ms": int(next(g for g in ms.groups() if g)) if ms else None,
-            "message": msg[:300],
-        })
+        waited.append(HangWait(
+            rank=r,
+            step=e.get("step"),
+            op=_op(msg),
+            timeout_ms=int(next(g for g in ms.groups() if g)) if ms else None,
+            message=msg[:300],
+        ))
     late = []
     for r in range(world_size):
         if r in stuck:
@@ -69,25 +93,25 @@ def diagnose(
         last = last_steps.get(r)
         ex = exits.get(r) or {}
         if last is None or last < step:
-            late.append({
-                "rank": r,
-                "last_step": last,
-                "ended": ex.get("status") or "no record",
-                "reason": "never reached the collective"
+            late.append(HangLate(
+                rank=r,
+                last_step=last,
+                ended=ex.get("status") or "no record",
+                reason="never reached the collective"
                 + (f": its last finished step is {last}" if last is not None else ": it finished no step")
                 + ("" if ex.get("status") not in ("running", None) else "; it was killed or is still running"),
-            })
-    ops = sorted({str(w["op"]) for w in waited if w["op"]})
+            ))
+    ops = sorted({w.op for w in waited if w.op})
     summary = (
-        f"rank(s) {', '.join(str(w['rank']) for w in waited)} timed out in a collective"
+        f"rank(s) {', '.join(str(w.rank) for w in waited)} timed out in a collective"
         + (f" ({', '.join(ops)})" if ops else "")
         + f" during step {step}"
     )
     if late:
-        summary += f"; rank(s) {', '.join(str(x['rank']) for x in late)} never arrived"
+        summary += f"; rank(s) {', '.join(str(x.rank) for x in late)} never arrived"
     else:
         summary += "; every rank reached that step: a mismatch of collectives or a network fault"
-    return {"source": "pardiag", "step": step, "summary": summary, "waited": waited, "late": late, "collect_next": NEXT_STEPS}
+    return Hang(source="pardiag", step=step, summary=summary, waited=waited, late=late, collect_next=list(NEXT_STEPS))
 
 
 def last_finished_steps(step_records: Mapping[int, Sequence[StepRecord]]) -> dict[int, int | None]:

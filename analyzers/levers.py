@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 from pardiag.analysis import Finding, Severity
+from pardiag.analysis_blocks import WhatIf, WhatIfRow
 from pardiag.run_info import FrameworkInfo
 from pardiag.analyzers.steps import median
 
@@ -913,7 +914,7 @@ def rank_key(f: Finding) -> tuple[int, int, int, float]:
     return (SEVERITY_ORDER.get(f.severity, 3), blocking, semantic, -(f.est_saving_pct or 0.0))
 
 
-def what_if(step_us: float, findings: Sequence[Finding]) -> dict[str, Any] | None:
+def what_if(step_us: float, findings: Sequence[Finding]) -> WhatIf | None:
     """Projected step time per finding and for all of them together. Savings are
     assumed independent: together they multiply, (1 - s1)(1 - s2)..., which is
     optimistic when two findings address the same time."""
@@ -924,12 +925,12 @@ def what_if(step_us: float, findings: Sequence[Finding]) -> dict[str, Any] | Non
     for f in findings:
         if f.est_saving_pct:
             s = min(f.est_saving_pct, 95.0) / 100
-            per.append({"lever": f.lever, "title": f.title, "step_us": step_us * (1 - s), "saving_pct": f.est_saving_pct})
+            per.append(WhatIfRow(lever=f.lever, title=f.title, step_us=step_us * (1 - s), saving_pct=f.est_saving_pct))
             remaining *= 1 - s
-    return {
-        "step_us": step_us,
-        "findings": per,
-        "all_step_us": step_us * remaining,
-        "all_saving_pct": round(100 * (1 - remaining), 1),
-        "assumption": "each saving as its finding states; savings of different findings treated as independent",
-    }
+    return WhatIf(
+        step_us=step_us,
+        findings=per,
+        all_step_us=step_us * remaining,
+        all_saving_pct=round(100 * (1 - remaining), 1),
+        assumption="each saving as its finding states; savings of different findings treated as independent",
+    )

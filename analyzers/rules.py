@@ -15,7 +15,7 @@ of rules read:
   ``ctx.framework``, the facts the ranks recorded (DDP, FSDP, AMP, DataLoader, device).
 
 An input the run does not have is empty (no logs: a report of no process; no
-telemetry: an empty block), so a rule needs no guard for it: it finds nothing.
+telemetry: None, no GPU to judge), so a rule needs no guard for it: it finds nothing.
 
 A row runs once for the job, or (``per="gpu"``) once per judged GPU with ``ctx.gpu``
 set: GPU health checks judge one GPU against its peers.
@@ -35,9 +35,10 @@ name, family, the lever id it reports and, for a GPU check, ``per="gpu"``), add 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterator, Literal, Mapping, Protocol, Sequence
+from typing import Any, Iterator, Literal, Protocol, Sequence
 
 from pardiag.analysis import LEVERS, Analysis, Finding, Lever, Notice, RankResult
+from pardiag.analysis_blocks import GpuTelemetry, Telemetry
 from pardiag.run_info import FrameworkInfo
 from pardiag.analyzers import levers
 from pardiag.analyzers import telemetry as gpu_health
@@ -54,21 +55,21 @@ def _no_logs() -> NcclReport:
 
 @dataclass(frozen=True)
 class RuleContext:
-    """What a rule reads. `nccl` and `telemetry` are empty when the run has none."""
+    """What a rule reads. `nccl` is empty and `telemetry` None when the run has none."""
 
     analysis: Analysis
     nccl: NcclReport = field(default_factory=_no_logs)
-    telemetry: Mapping[str, Any] = field(default_factory=dict)
+    telemetry: Telemetry | None = None
     earlier: tuple[Finding, ...] = ()  # found by the rows above this one
-    gpu: dict[str, Any] = field(default_factory=dict)  # per-GPU rows: the GPU judged
+    gpu: GpuTelemetry | None = None  # per-GPU rows: the GPU judged
 
     @property
-    def gpus(self) -> list[dict[str, Any]]:
+    def gpus(self) -> list[GpuTelemetry]:
         """The GPUs the per-GPU rows judge (telemetry's summaries), in block order."""
         return gpu_health.judged_gpus(self.telemetry)[0]
 
     @property
-    def gpu_peers(self) -> list[dict[str, Any]]:
+    def gpu_peers(self) -> list[GpuTelemetry]:
         """The GPUs a judged GPU is compared with; [] with fewer than two."""
         return gpu_health.judged_gpus(self.telemetry)[1]
 
@@ -216,10 +217,10 @@ def ordered(findings: Sequence[Finding]) -> list[Finding]:
     return sorted(findings, key=rank_key)
 
 
-def advise(a: Analysis, *, nccl: NcclReport | None = None, telemetry: Mapping[str, Any] | None = None,
+def advise(a: Analysis, *, nccl: NcclReport | None = None, telemetry: Telemetry | None = None,
            extra: Sequence[Finding] = ()) -> Analysis:
     """The Analysis with the findings of every rule (after those it already has and
     `extra`), ordered, and the what-if projection. A rule that fails is a notice."""
-    ctx = RuleContext(a, nccl=nccl if nccl is not None else _no_logs(), telemetry=telemetry or {})
+    ctx = RuleContext(a, nccl=nccl if nccl is not None else _no_logs(), telemetry=telemetry)
     findings = ordered(list(a.findings) + list(extra) + run_rules(ctx, notices=a.notices))
     return replace(a, findings=findings, what_if=what_if(ctx.step_us, findings))

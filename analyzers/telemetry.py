@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from pardiag import rundir
 from pardiag.analysis import Finding, Severity
+from pardiag.analysis_blocks import GpuTelemetry, HostTelemetry, RankGpu, Telemetry
 from pardiag.rundir import RunDir, RunDirError, normalise_uuid, read_telemetry
 
 if TYPE_CHECKING:  # the registry imports this module
@@ -237,7 +238,7 @@ def _throttle(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _gpu_summary(g: _GpuSamples) -> dict[str, Any]:
+def _gpu_summary(g: _GpuSamples) -> GpuTelemetry:
     s = g.samples
     util = _vals(s, "util_gpu_pct", 0.01)
     clock = _vals(s, "sm_clock_mhz")
@@ -268,25 +269,25 @@ def _gpu_summary(g: _GpuSamples) -> dict[str, Any]:
         "nvlink_rx_mean_gbps": _counter_gbps(s, "nvlink_rx_kib"),
     }
     out.update(_throttle(s))
-    return out
+    return GpuTelemetry(**out)
 
 
-def _host_summary(gpus: list[dict[str, Any]], drivers: set[str]) -> dict[str, Any]:
-    def present(key: str) -> list[float]:
-        return [g[key] for g in gpus if g.get(key) is not None]
+def _host_summary(gpus: list[GpuTelemetry], drivers: set[str]) -> HostTelemetry:
+    def present(values: Iterable[float | None]) -> list[float]:
+        return [v for v in values if v is not None]
 
-    power = present("power_mean_w")
-    return {
-        "gpus": len(gpus),
-        "ranks": sorted(r for g in gpus for r in g["ranks"]),
-        "unassigned_gpus": [g["gpu"] for g in gpus if not g["ranks"]],
-        "samples": sum(g["samples"] for g in gpus),
-        "util_gpu_ratio_mean": _mean(present("util_gpu_ratio_mean")),
-        "power_total_mean_w": sum(power) if power else None,
-        "temperature_max_c": max(present("temperature_max_c"), default=None),
-        "throttled_gpus": [g["gpu"] for g in gpus if (g.get("slowdown_share") or 0) >= THROTTLE_MIN_SHARE],
-        "drivers": sorted(drivers),
-    }
+    power = present(g.power_mean_w for g in gpus)
+    return HostTelemetry(
+        gpus=len(gpus),
+        ranks=sorted(r for g in gpus for r in g.ranks),
+        unassigned_gpus=[g.gpu for g in gpus if not g.ranks],
+        samples=sum(g.samples for g in gpus),
+        util_gpu_ratio_mean=_mean(present(g.util_gpu_ratio_mean for g in gpus)),
+        power_total_mean_w=sum(power) if power else None,
+        temperature_max_c=max(present(g.temperature_max_c for g in gpus), default=None),
+        throttled_gpus=[g.gpu for g in gpus if (g.slowdown_share or 0) >= THROTTLE_MIN_SHARE],
+        drivers=sorted(drivers),
+    )
 
 
 def _absent_reason(run: RunDir) -> str:
@@ -298,34 +299,34 @@ def _absent_reason(run: RunDir) -> str:
     return f"no GPU telemetry in this run ({reason})" if reason else "no GPU telemetry in this run"
 
 
-def telemetry_block(run: RunDir) -> dict[str, Any]:
-    """The `telemetry` block of the Analysis: {"source": "nvml", "status": "ok"|"absent",
-    "reason", "gpus": [per-GPU summary], "hosts": {host: summary}, "ranks": {"<rank>":
-    {"host", "gpu", "uuid"}}, "problems": [str]}. Never raises on missing or torn files."""
+def telemetry_block(run: RunDir) -> Telemetry:
+    """The `telemetry` block of the Analysis (`pardiag.analysis_blocks.Telemetry`): status
+    "ok" or "absent" with the reason, a summary per GPU and per host, each rank's GPU, and
+    the problems met reading the files. Never raises on missing or torn files."""
     loaded = _load(run)
     gpus = [_gpu_summary(g) for g in loaded.gpus.values() if g.samples]
-    gpus.sort(key=lambda g: (str(g["host"]), g["gpu"]))
-    hosts: dict[str, list[dict[str, Any]]] = {}
+    gpus.sort(key=lambda g: (str(g.host), g.gpu))
+    hosts: dict[str, list[GpuTelemetry]] = {}
     for g in gpus:
-        hosts.setdefault(str(g["host"]), []).append(g)
-    ranks = {str(r): {"host": g["host"], "gpu": g["gpu"], "uuid": g["uuid"]} for g in gpus for r in g["ranks"]}
-    return {
-        "source": "nvml",
-        "status": "ok" if gpus else "absent",
-        "reason": None if gpus else _absent_reason(run),
-        "gpus": gpus,
-        "hosts": {h: _host_summary(gs, loaded.drivers.get(h, set())) for h, gs in sorted(hosts.items())},
-        "ranks": dict(sorted(ranks.items(), key=lambda kv: int(kv[0]))),
-        "problems": loaded.problems[:MAX_PROBLEMS],
-    }
+        hosts.setdefault(str(g.host), []).append(g)
+    ranks = {str(r): RankGpu(host=g.host, gpu=g.gpu, uuid=g.uuid) for g in gpus for r in g.ranks}
+    return Telemetry(
+        source="nvml",
+        status="ok" if gpus else "absent",
+        reason=None if gpus else _absent_reason(run),
+        gpus=gpus,
+        hosts={h: _host_summary(gs, loaded.drivers.get(h, set())) for h, gs in sorted(hosts.items())},
+        ranks=dict(sorted(ranks.items(), key=lambda kv: int(kv[0]))),
+        problems=loaded.problems[:MAX_PROBLEMS],
+    )
 
 
 # --------------------------------------------------------------------------- findings
 
 
-def _who(g: dict[str, Any]) -> str:
-    ranks = g.get("ranks") or []
-    who = f"GPU {g['gpu']} on {g.get('host') or '?'}"
+def _who(g: GpuTelemetry) -> str:
+    ranks = g.ranks
+    who = f"GPU {g.gpu} on {g.host or '?'}"
     if ranks:
         who += f" (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})"
     return who
@@ -341,30 +342,30 @@ def _finding(severity: Severity, title: str, evidence: list[str], ranks: Iterabl
                    ranks=sorted(set(ranks)), est_saving_pct=est, action=action)
 
 
-def _straggler_note(g: dict[str, Any], stragglers: Sequence[int]) -> list[int]:
-    return sorted(set(g.get("ranks") or []) & set(stragglers))
+def _straggler_note(g: GpuTelemetry, stragglers: Sequence[int]) -> list[int]:
+    return sorted(set(g.ranks) & set(stragglers))
 
 
-def _throttling(g: dict[str, Any], peers: Sequence[dict[str, Any]], stragglers: Sequence[int]) -> list[Finding]:
+def _throttling(g: GpuTelemetry, peers: Sequence[GpuTelemetry], stragglers: Sequence[int]) -> list[Finding]:
     """Clocks held down by a thermal or power reason in >= THROTTLE_MIN_SHARE of samples."""
-    share = g.get("slowdown_share")
-    if g.get("busy_samples", 0) < MIN_SAMPLES or share is None or share < THROTTLE_MIN_SHARE:
+    share = g.slowdown_share
+    if g.busy_samples < MIN_SAMPLES or share is None or share < THROTTLE_MIN_SHARE:
         return []
-    seen = {k: v for k, v in g["throttle_share"].items() if k in SLOWDOWN_REASONS}
+    seen = {k: v for k, v in g.throttle_share.items() if k in SLOWDOWN_REASONS}
     names = sorted(seen, key=lambda k: (-seen[k], k))
     serious = bool(THERMAL_REASONS.union(HARDWARE_REASONS).intersection(seen))
     severity: Severity = ("high" if share >= THROTTLE_HIGH_SHARE else "medium") if serious else "low"
-    evidence = [f"{k} in {_pct(seen[k])} of {g['clock_event_samples']} samples" for k in names]
-    evidence.append(f"clocks held down in {_pct(share)} of the {g['busy_samples']} samples in which the GPU was busy")
+    evidence = [f"{k} in {_pct(seen[k])} of {g.clock_event_samples} samples" for k in names]
+    evidence.append(f"clocks held down in {_pct(share)} of the {g.busy_samples} samples in which the GPU was busy")
     est = None
-    clock, cmax = g.get("sm_clock_slowdown_mean_mhz"), g.get("sm_clock_max_mhz")
+    clock, cmax = g.sm_clock_slowdown_mean_mhz, g.sm_clock_max_mhz
     if clock is not None and cmax:
         evidence.append(f"SM clock while throttled {clock:.0f} MHz of {cmax:.0f} MHz max")
         est = 100 * share * max(0.0, 1 - clock / cmax)
-    if g.get("temperature_max_c") is not None:
-        evidence.append(f"temperature max {g['temperature_max_c']:.0f} °C")
-    if g.get("power_mean_w") is not None and g.get("power_limit_w"):
-        evidence.append(f"power mean {g['power_mean_w']:.0f} W of {g['power_limit_w']:.0f} W limit")
+    if g.temperature_max_c is not None:
+        evidence.append(f"temperature max {g.temperature_max_c:.0f} °C")
+    if g.power_mean_w is not None and g.power_limit_w:
+        evidence.append(f"power mean {g.power_mean_w:.0f} W of {g.power_limit_w:.0f} W limit")
     linked = _straggler_note(g, stragglers)
     if linked:
         evidence.append(f"rank {', '.join(map(str, linked))} is the straggler: the others wait for this GPU")
@@ -372,8 +373,8 @@ def _throttling(g: dict[str, Any], peers: Sequence[dict[str, Any]], stragglers: 
     title = f"{_who(g)} is {kind} throttled ({', '.join(names)}) in {_pct(share)} of busy samples"
     what = ("check cooling and airflow of this GPU" if serious
             else "the GPU runs at its power limit; a higher limit (nvidia-smi -pl) or fewer GPUs per power domain helps")
-    code = f"# {what}\nnvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER -i {g['gpu']}"
-    return [_finding(severity, title, evidence, g.get("ranks") or [], est, {"code": code, "doc": CLOCK_EVENTS_DOC})]
+    code = f"# {what}\nnvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER -i {g.gpu}"
+    return [_finding(severity, title, evidence, g.ranks, est, {"code": code, "doc": CLOCK_EVENTS_DOC})]
 
 
 def _deficit(value: float | None, others: list[float]) -> tuple[float, float] | None:
@@ -387,33 +388,32 @@ def _deficit(value: float | None, others: list[float]) -> tuple[float, float] | 
     return (d, median) if d > PEER_DEFICIT else None
 
 
-def _clock(g: dict[str, Any]) -> float | None:
-    busy = g.get("sm_clock_busy_mean_mhz")
-    return busy if busy is not None else g.get("sm_clock_mean_mhz")
+def _clock(g: GpuTelemetry) -> float | None:
+    busy = g.sm_clock_busy_mean_mhz
+    return busy if busy is not None else g.sm_clock_mean_mhz
 
 
-def _slow_peer(g: dict[str, Any], peers: Sequence[dict[str, Any]], stragglers: Sequence[int]) -> list[Finding]:
+def _slow_peer(g: GpuTelemetry, peers: Sequence[GpuTelemetry], stragglers: Sequence[int]) -> list[Finding]:
     """Mean SM clock (while busy) or mean utilisation > PEER_DEFICIT below the other
     GPUs' median."""
     others = [p for p in peers if p is not g]
-    if g not in peers or not others or g["samples"] < MIN_SAMPLES:
+    if not any(p is g for p in peers) or not others or g.samples < MIN_SAMPLES:
         return []
     clock = _deficit(_clock(g), [c for c in map(_clock, others) if c is not None])
-    util = _deficit(g.get("util_gpu_ratio_mean"),
-                    [p["util_gpu_ratio_mean"] for p in others if p.get("util_gpu_ratio_mean") is not None])
+    util = _deficit(g.util_gpu_ratio_mean, [u for p in others if (u := p.util_gpu_ratio_mean) is not None])
     if clock is None and util is None:
         return []
     evidence, parts, est = [], [], None
     if clock is not None:
         d, median = clock
         parts.append(f"SM clock {_pct(d)} lower")
-        evidence.append(f"SM clock while busy {_clock(g):.0f} MHz vs peers' median {median:.0f} MHz (-{_pct(d)})")
-        busy = g.get("util_gpu_ratio_mean")
+        evidence.append(f"SM clock while busy {_clock(g) or 0:.0f} MHz vs peers' median {median:.0f} MHz (-{_pct(d)})")
+        busy = g.util_gpu_ratio_mean
         est = 100 * d * busy if busy is not None else None
     if util is not None:
         d, median = util
         parts.append(f"utilisation {_pct(d)} lower")
-        evidence.append(f"utilisation {_pct(g['util_gpu_ratio_mean'])} vs peers' median {_pct(median)} (-{_pct(d)})")
+        evidence.append(f"utilisation {_pct(g.util_gpu_ratio_mean or 0.0)} vs peers' median {_pct(median)} (-{_pct(d)})")
     linked = _straggler_note(g, stragglers)
     title = f"{_who(g)}: {' and '.join(parts)} than the other GPUs"
     if linked:
@@ -421,23 +421,23 @@ def _slow_peer(g: dict[str, Any], peers: Sequence[dict[str, Any]], stragglers: S
         evidence.append("the step-time analysis found this rank to be the straggler: this GPU explains it")
     severity: Severity = "high" if linked else "medium" if clock is not None else "low"
     if clock is not None:
-        action = {"code": f"# compare clocks and limits with the other GPUs\nnvidia-smi -q -d CLOCK,PERFORMANCE -i {g['gpu']}",
+        action = {"code": f"# compare clocks and limits with the other GPUs\nnvidia-smi -q -d CLOCK,PERFORMANCE -i {g.gpu}",
                   "doc": CLOCK_EVENTS_DOC}
     else:
         action = {"code": "# the GPU waits for its host: profile this rank's input pipeline and host work",
                   "doc": TUNING_DOC}
-    return [_finding(severity, title, evidence, g.get("ranks") or [], est if clock is not None else None, action)]
+    return [_finding(severity, title, evidence, g.ranks, est if clock is not None else None, action)]
 
 
-def _memory_headroom(g: dict[str, Any], peers: Sequence[dict[str, Any]], stragglers: Sequence[int]) -> list[Finding]:
+def _memory_headroom(g: GpuTelemetry, peers: Sequence[GpuTelemetry], stragglers: Sequence[int]) -> list[Finding]:
     """Peak memory used within HEADROOM_MIN_RATIO of the GPU's total."""
-    ratio = g.get("memory_headroom_ratio")
+    ratio = g.memory_headroom_ratio
     if ratio is None or ratio >= HEADROOM_MIN_RATIO:
         return []
     gib = 1024 ** 3
     evidence = [
-        f"memory used max {g['memory_used_max_bytes'] / gib:.2f} GiB of {g['memory_total_bytes'] / gib:.2f} GiB",
-        f"headroom {g['memory_headroom_bytes'] / 2**20:.0f} MiB ({_pct(ratio)})",
+        f"memory used max {(g.memory_used_max_bytes or 0) / gib:.2f} GiB of {(g.memory_total_bytes or 0) / gib:.2f} GiB",
+        f"headroom {(g.memory_headroom_bytes or 0) / 2**20:.0f} MiB ({_pct(ratio)})",
         "NVML counts what PyTorch's caching allocator reserves, not only live tensors",
     ]
     action = {
@@ -447,33 +447,33 @@ def _memory_headroom(g: dict[str, Any], peers: Sequence[dict[str, Any]], straggl
         "doc": CUDA_MEMORY_DOC,
     }
     title = f"{_who(g)} ran with {_pct(ratio)} memory headroom: risk of out-of-memory"
-    return [_finding("medium", title, evidence, g.get("ranks") or [], None, action)]
+    return [_finding("medium", title, evidence, g.ranks, None, action)]
 
 
-def judged_gpus(block: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def judged_gpus(block: Telemetry | None) -> tuple[list[GpuTelemetry], list[GpuTelemetry]]:
     """(the GPUs judged, the peers they are compared with): the job's GPUs (those matched
     to a rank) when any was matched, else every sampled GPU; peers only when at least two
     GPUs of the job have enough samples."""
-    gpus = [g for g in block.get("gpus") or [] if g.get("samples", 0) >= 1]
-    if any(g.get("ranks") for g in gpus):  # GPUs no rank used are not the job's business
-        gpus = [g for g in gpus if g.get("ranks")]
-    peers = [g for g in gpus if g.get("ranks") and g["samples"] >= MIN_SAMPLES]
+    gpus = [g for g in (block.gpus if block is not None else []) if g.samples >= 1]
+    if any(g.ranks for g in gpus):  # GPUs no rank used are not the job's business
+        gpus = [g for g in gpus if g.ranks]
+    peers = [g for g in gpus if g.ranks and g.samples >= MIN_SAMPLES]
     return gpus, peers if len(peers) >= 2 else []
 
 
-# Per-GPU rules: the registry runs them once per judged GPU (`ctx.gpu`, {} for none).
+# Per-GPU rules: the registry runs them once per judged GPU (`ctx.gpu`; None: no GPU).
 
 
 def throttling(ctx: RuleContext) -> list[Finding]:
     """The GPU's clocks held down by a thermal or power reason (see `_throttling`)."""
-    return _throttling(ctx.gpu, ctx.gpu_peers, ctx.straggler_ranks)
+    return _throttling(ctx.gpu, ctx.gpu_peers, ctx.straggler_ranks) if ctx.gpu is not None else []
 
 
 def slow_peer(ctx: RuleContext) -> list[Finding]:
     """The GPU slower or less used than the job's other GPUs (see `_slow_peer`)."""
-    return _slow_peer(ctx.gpu, ctx.gpu_peers, ctx.straggler_ranks)
+    return _slow_peer(ctx.gpu, ctx.gpu_peers, ctx.straggler_ranks) if ctx.gpu is not None else []
 
 
 def memory_headroom(ctx: RuleContext) -> list[Finding]:
     """The GPU ran close to the end of its memory (see `_memory_headroom`)."""
-    return _memory_headroom(ctx.gpu, ctx.gpu_peers, ctx.straggler_ranks)
+    return _memory_headroom(ctx.gpu, ctx.gpu_peers, ctx.straggler_ranks) if ctx.gpu is not None else []

@@ -6,7 +6,9 @@ New fields are added, never renamed: others read this JSON. An older version is
 upgraded on load by `upgrade_v1`, never by defaults scattered through the readers.
 
 Schema history: 1, the first; 2 adds `summary` (the job-level figures every output
-shows, computed once) and `ranks[].step_time_us.profiled_p50`.
+shows, computed once) and `ranks[].step_time_us.profiled_p50`. The nccl, telemetry,
+hang and what-if blocks are typed in `pardiag.analysis_blocks`; their older shapes are
+upgraded there (`upgrade_blocks`), for either schema.
 """
 
 from __future__ import annotations
@@ -16,6 +18,17 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Mapping, TypeVar, get_args
 
+from pardiag.analysis_blocks import (
+    Hang,
+    NcclSummary,
+    Telemetry,
+    WhatIf,
+    hang_from_dict,
+    nccl_from_dict,
+    telemetry_from_dict,
+    upgrade_blocks,
+    what_if_from_dict,
+)
 from pardiag.errors import UserError
 from pardiag.run_info import FrameworkInfo, RunInfo  # noqa: F401  (FrameworkInfo: for readers)
 
@@ -221,14 +234,14 @@ class Analysis:
     collectives: list[Collective]
     stragglers: list[Straggler]
     process_groups: list[ProcessGroup] = field(default_factory=list)
-    nccl: dict[str, Any] = field(default_factory=dict)
-    telemetry: dict[str, Any] = field(default_factory=dict)
+    nccl: NcclSummary | None = None  # None: no NCCL logs (`{}` in the JSON, as always)
+    telemetry: Telemetry | None = None  # None: no telemetry block (`{}` in the JSON)
     scaling: dict[str, Any] | None = None
     findings: list[Finding] = field(default_factory=list)
     notices: list[Notice] = field(default_factory=list)
     hta: dict[str, Any] | None = None
-    what_if: dict[str, Any] | None = None  # projected step time if the findings were applied
-    hang: dict[str, Any] | None = None  # who timed out in which collective, who never arrived
+    what_if: WhatIf | None = None  # projected step time if the findings were applied
+    hang: Hang | None = None  # from pardiag's records: who timed out in which collective, who never arrived
     summary: Summary | None = None  # None only while constructing: filled in from the ranks
 
     def __post_init__(self) -> None:
@@ -250,6 +263,8 @@ class Analysis:
 
         d: dict[str, Any] = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "pardiag_version": __version__}
         d.update(asdict(self))
+        d["nccl"] = d["nccl"] or {}  # a run without the block has always written {}
+        d["telemetry"] = d["telemetry"] or {}
         return d
 
     def to_json(self) -> str:
@@ -299,6 +314,7 @@ def from_dict(doc: Mapping[str, Any], source: str = "analysis") -> Analysis:
         doc = upgrade_v1(doc)
     elif not isinstance(doc.get("summary"), Mapping):
         raise UserError(f"{source}: schema version {v} analysis without its summary block")
+    doc = upgrade_blocks(doc)
     ranks = []
     for r in doc.get("ranks", []):
         r = dict(r)
@@ -311,14 +327,14 @@ def from_dict(doc: Mapping[str, Any], source: str = "analysis") -> Analysis:
         collectives=[_build(Collective, c) for c in doc.get("collectives", [])],
         stragglers=[_build(Straggler, s) for s in doc.get("stragglers", [])],
         process_groups=[_build(ProcessGroup, p) for p in doc.get("process_groups", [])],
-        nccl=dict(doc.get("nccl") or {}),
-        telemetry=dict(doc.get("telemetry") or {}),
+        nccl=nccl_from_dict(doc.get("nccl") or {}),
+        telemetry=telemetry_from_dict(doc.get("telemetry") or {}),
         scaling=doc.get("scaling"),
         findings=[_build(Finding, f) for f in doc.get("findings", [])],
         notices=[_build(Notice, n) for n in doc.get("notices", [])],
         hta=doc.get("hta"),
-        what_if=doc.get("what_if"),
-        hang=doc.get("hang"),
+        what_if=what_if_from_dict(doc.get("what_if")),
+        hang=hang_from_dict(doc["hang"]) if doc.get("hang") else None,
         summary=_summary(doc["summary"]) if "summary" in doc else None,  # None: computed from the ranks
     )
     if v < 2:

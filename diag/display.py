@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from pardiag.analysis import Analysis, Collective, Finding, GpuTime, Notice, RankResult, StepPercentiles, Straggler
+from pardiag.analysis_blocks import Hang, HangLate, HangWait
 from pardiag.analyzers.steps import percentile
 from pardiag.manifest import rank_ranges
 from pardiag.style import CATEGORY_LABELS
@@ -28,6 +29,7 @@ __all__ = [
     "ordered_findings", "ordered_stragglers", "ordered_collectives", "ordered_notices",
     "Headline", "headline", "step_words", "exposed_words", "job_step_words",
     "RANK_VALUE_HEADER", "rank_cells", "percentile_rows", "gpu_split",
+    "job_hang", "hang_wait_words", "hang_late_words",
 ]
 
 MAX_TEXT = 200  # characters kept of any one string that came from a trace or a command line
@@ -244,3 +246,23 @@ def job_step_words(h: Headline) -> str | None:
     if h.inflation is not None:
         text += f"; profiled steps {h.inflation:.2f}x as long"
     return text
+
+
+# -- a hang -------------------------------------------------------------------------------------
+
+
+def job_hang(a: Analysis) -> Hang | None:
+    """The hang to show: pardiag's own diagnosis (exit and step records), else the one
+    from the NCCL logs. Both are the same type; `source` says which."""
+    return a.hang or (a.nccl.hang if a.nccl is not None else None)
+
+
+def hang_wait_words(w: HangWait, limit: int = 120) -> str:
+    """One rank that waited: "rank 0 waited in step 6: <message>" (the step when known)."""
+    where = f" in step {w.step}" if w.step is not None else ""
+    return f"rank {w.rank if w.rank is not None else '?'} waited{where}: {w.message[:limit]}"
+
+
+def hang_late_words(x: HangLate) -> str:
+    """One rank that never arrived, and why it is named."""
+    return f"rank {x.rank} {x.reason}"

@@ -15,8 +15,10 @@ from pardiag.display import (
     op_text,
     action_env_text,
     exposed_words,
-    fact_text,
+    hang_late_words,
+    hang_wait_words,
     headline,
+    job_hang,
     job_step_words,
     ms,
     ordered_collectives,
@@ -86,19 +88,18 @@ def collective_table(a: Analysis, limit: int = 10) -> Table:
 
 def print_nccl(a: Analysis, console: Console) -> None:
     n = a.nccl
-    console.print(Text(f"NCCL: {n.get('files', 0)} log files, {n.get('nnodes') or '?'} node(s)", style="bold"))
-    for h in n.get("hosts") or []:
-        if not isinstance(h, dict):  # the block is free-form: a bare host name says only that
-            console.print(Text(f"  {fact_text('host', h)}"))
-            continue
+    if n is None:
+        return
+    console.print(Text(f"NCCL: {n.files} log files, {n.nnodes or '?'} node(s)", style="bold"))
+    for h in n.hosts:  # the parser's host records (their shape is the NCCL log parser's)
         versions = ", ".join(h.get("versions") or []) or "version ?"
         net = ", ".join(h.get("networks") or []) or "network ?"
         boot = ", ".join(h.get("bootstrap_interfaces") or []) or "?"
-        via = ", ".join(f"{k} x{v}" for k, v in (n.get("transports") or {}).get(h.get("host"), {}).items())
+        via = ", ".join(f"{k} x{v}" for k, v in n.transports.get(str(h.get("host")), {}).items())
         console.print(Text(f"  {h.get('host')}: {versions}; {net}; bootstrap {boot}" + (f"; {via}" if via else "")))
-    if n.get("init_s_max"):
-        console.print(Text(f"  slowest communicator init: {n['init_s_max']:.1f} s"))
-    for line in (n.get("errors") or [])[:3]:
+    if n.init_s_max:
+        console.print(Text(f"  slowest communicator init: {n.init_s_max:.1f} s"))
+    for line in n.errors[:3]:
         console.print(Text(f"  error: {line}", style="red"))
 
 
@@ -153,13 +154,14 @@ def print_summary(a: Analysis, console: Console | None = None, next_for: str | N
         if len(a.process_groups) > 1:
             console.print(Text(f"group {g.name} ({g.desc or 'no description'}): {g.role}, size {g.size}, "
                                f"{ms(g.total_us)} ms in collectives, {ms(g.wait_us)} ms waiting"))
-    if a.hang:
-        console.print(Text("hang: " + a.hang["summary"], style="bold red"))
-        for w in a.hang.get("waited", []):
-            console.print(Text(f"  rank {w['rank']} waited in step {w['step']}: {w['message'][:120]}", style="red"))
-        for x in a.hang.get("late", []):
-            console.print(Text(f"  rank {x['rank']} {x['reason']}", style="red"))
-        for line in a.hang.get("collect_next", [])[:3]:
+    hang = job_hang(a)
+    if hang is not None:
+        console.print(Text("hang: " + hang.summary, style="bold red"))
+        for w in hang.waited:
+            console.print(Text(f"  {hang_wait_words(w)}", style="red"))
+        for x in hang.late:
+            console.print(Text(f"  {hang_late_words(x)}", style="red"))
+        for line in hang.collect_next[:3]:
             console.print(Text(f"  next: {line}", style="dim"))
     if a.nccl:
         print_nccl(a, console)

@@ -23,6 +23,7 @@ from plotly.offline import get_plotlyjs
 
 from pardiag import style
 from pardiag.analysis import Analysis, Collective, Finding, RankResult
+from pardiag.analysis_blocks import Telemetry
 from pardiag.display import (
     op_text,
     WORST_N,
@@ -342,6 +343,19 @@ def _finding_view(n: int, f: Finding) -> dict[str, Any]:
     }
 
 
+# the per-GPU figures the report's telemetry table shows (the table has room for eight)
+TELEMETRY_GPU_COLUMNS = ("host", "gpu", "ranks", "util_gpu_ratio_mean", "sm_clock_busy_mean_mhz", "temperature_max_c",
+                         "slowdown_share", "throttle_share")
+
+
+def _telemetry_facts(t: Telemetry) -> dict[str, Any]:
+    """The telemetry block for the facts table: per GPU the figures that say whether it
+    ran at speed (the rest stay in analysis.json)."""
+    d = t.to_dict()
+    d["gpus"] = [{k: g[k] for k in TELEMETRY_GPU_COLUMNS} for g in d["gpus"]]
+    return d
+
+
 def _context(a: Analysis) -> dict[str, Any]:
     h = headline(a)
     straggler_ranks = {s.rank for s in a.stragglers}
@@ -349,9 +363,11 @@ def _context(a: Analysis) -> dict[str, Any]:
     findings = ordered_findings(a)
     collectives = ordered_collectives(a)
     extra = [(name, title, d) for name, title, d in (
-        ("nccl", "NCCL", a.nccl), ("telemetry", "GPU telemetry", a.telemetry),
+        ("hang", "Hang", a.hang.to_dict() if a.hang else {}),
+        ("nccl", "NCCL", a.nccl.to_dict() if a.nccl else {}),
+        ("telemetry", "GPU telemetry", _telemetry_facts(a.telemetry) if a.telemetry else {}),
         ("scaling", "Scaling", a.scaling or {}), ("hta", "HTA cross-check", a.hta or {}),
-        ("what-if", "What if", getattr(a, "what_if", None) or {})) if d]
+        ("what-if", "What if", a.what_if.to_dict() if a.what_if else {})) if d]
     return {
         "a": a, "h": h, "job_steps": job_step_words(h), "ms": ms, "pct": pct, "command": _command(a), "run_facts": _run_facts(a),
         "setup": " · ".join(x for x in (f"{h.hosts} host{'' if h.hosts == 1 else 's'}" if h.hosts else "",

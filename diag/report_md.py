@@ -18,7 +18,10 @@ from pardiag.display import (
     action_env_text,
     clip,
     exposed_words,
+    hang_late_words,
+    hang_wait_words,
     headline,
+    job_hang,
     job_step_words,
     ms,
     ordered_collectives,
@@ -38,6 +41,7 @@ TOP_COLLECTIVES = 8
 TOP_FINDINGS = 5
 MAX_EVIDENCE = 5
 MAX_NOTICES = 15
+MAX_HANG_RANKS = 8  # ranks listed per kind (waited, never arrived) in a hang
 
 
 # -- markdown ---------------------------------------------------------------------------------
@@ -89,6 +93,23 @@ def _headline_lines(a: Analysis) -> list[str]:
         f = h.finding
         lines.append(f"- **Top finding:** {_finding_title(f)}")
     return [*lines, ""]
+
+
+def _hang_lines(a: Analysis) -> list[str]:
+    """The hang, whichever diagnosed it (pardiag's records, else the NCCL logs): who
+    waited in which collective, who never arrived."""
+    h = job_hang(a)
+    if h is None:
+        return []
+    out = ["### Hang", "", f"**{md_text(h.summary, 400)}**", ""]
+    out += [f"- {md_text(hang_wait_words(w))}" for w in h.waited[:MAX_HANG_RANKS]]
+    out += [f"- {md_text(hang_late_words(x))}" for x in h.late[:MAX_HANG_RANKS]]
+    more = max(0, len(h.waited) - MAX_HANG_RANKS) + max(0, len(h.late) - MAX_HANG_RANKS)
+    if more:
+        out.append(f"- … and {more} more ranks in the full report")
+    if h.collect_next:
+        out.append(f"- next: {md_text(h.collect_next[0], 300)}")
+    return [*out, ""]
 
 
 def _finding_title(f: Finding) -> str:
@@ -191,7 +212,7 @@ FOOTER = "<sub>pardiag: the full report with charts is `report.html` (`pardiag r
 def render_markdown(a: Analysis, max_chars: int = MAX_CHARS) -> str:
     """The summary, guaranteed shorter than max_chars: sections that do not fit are
     left out whole, and the comment says so."""
-    sections = [_headline_lines(a), _finding_lines(a), _straggler_lines(a), _rank_lines(a),
+    sections = [_headline_lines(a), _hang_lines(a), _finding_lines(a), _straggler_lines(a), _rank_lines(a),
                 _collective_lines(a), _notice_lines(a)]
     footer = FOOTER + "\n"
     cut = "_Some sections did not fit in a comment; see the full report._\n"

@@ -30,6 +30,21 @@ from pardiag.analysis import (
     StepTime,
     Straggler,
 )
+from pardiag.analysis_blocks import (
+    CollLaggard,
+    GpuTelemetry,
+    Hang,
+    HangGroup,
+    HangLate,
+    HangWait,
+    HostTelemetry,
+    NcclSummary,
+    RankGpu,
+    StuckRank,
+    Telemetry,
+    nccl_late,
+    nccl_waited,
+)
 from pardiag.run_info import FrameworkInfo, RunInfo
 from pardiag.rundir import RunDir
 
@@ -112,6 +127,74 @@ def facts(name: str | None, version: str | None = None, loaded: dict[str, str] |
 def finding(lever: Any = "straggler", severity: Any = "medium", saving: float | None = None) -> Finding:
     return Finding(lever=lever, severity=severity, title=f"{lever} {severity}", evidence=["x"], ranks=[0],
                    est_saving_pct=saving, action={})
+
+
+# -- the nccl, telemetry and hang blocks ---------------------------------------------------------
+
+
+def gpu_telemetry(gpu: int, *, host: str | None = "h", ranks: list[int] | None = None, samples: int = 50,
+                  **figures: Any) -> GpuTelemetry:
+    """A GPU's telemetry summary: every figure unknown (None) unless given."""
+    unknown: dict[str, Any] = {f: None for f in GpuTelemetry.__dataclass_fields__}
+    base = {**unknown, "host": host, "gpu": gpu, "uuid": f"GPU-{gpu}", "ranks": [gpu] if ranks is None else ranks,
+            "samples": samples, "span_us": samples * 100_000.0, "clock_event_samples": samples,
+            "busy_samples": samples, "throttle_share": {}}
+    return GpuTelemetry(**{**base, **figures})
+
+
+def telemetry_summary(gpus: list[GpuTelemetry], *, problems: list[str] | None = None) -> Telemetry:
+    """The block as telemetry_block writes it for these GPUs (hosts and ranks derived)."""
+    hosts: dict[str, list[GpuTelemetry]] = {}
+    for g in gpus:
+        hosts.setdefault(str(g.host), []).append(g)
+    return Telemetry(
+        source="nvml", status="ok" if gpus else "absent", reason=None if gpus else "no GPU telemetry in this run",
+        gpus=gpus,
+        hosts={h: HostTelemetry(gpus=len(gs), ranks=sorted(r for g in gs for r in g.ranks),
+                                unassigned_gpus=[g.gpu for g in gs if not g.ranks], samples=sum(g.samples for g in gs),
+                                util_gpu_ratio_mean=None, power_total_mean_w=None, temperature_max_c=None,
+                                throttled_gpus=[], drivers=["550.54.15"]) for h, gs in sorted(hosts.items())},
+        ranks={str(r): RankGpu(host=g.host, gpu=g.gpu, uuid=g.uuid) for g in gpus for r in g.ranks},
+        problems=problems or [])
+
+
+def nccl_summary(hosts: list[dict[str, Any]], *, hang: Hang | None = None, **kw: Any) -> NcclSummary:
+    """The nccl block for these host records (the parser's shape: host, ranks, pids, versions, ...)."""
+    base: dict[str, Any] = {"files": len(hosts), "processes": sum(len(h.get("pids") or [1]) for h in hosts),
+                            "world_size": None, "nnodes": len(hosts), "multi_node": len(hosts) > 1,
+                            "transports": {}, "init_s_max": None, "warnings": [], "errors": []}
+    return NcclSummary(**{**base, **kw, "hosts": hosts, "hang": hang})
+
+
+def pardiag_hang(summary: str = "rank(s) 0 timed out in a collective (recv) during step 6; rank(s) 1 never arrived",
+                 message: str = "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting "
+                                "5000ms for recv operation to complete") -> Hang:
+    """pardiag's own diagnosis of a 2-rank gloo job whose rank 1 stopped at step 6."""
+    return Hang(source="pardiag", summary=summary, step=6,
+                waited=[HangWait(rank=0, op="recv", step=6, timeout_ms=5000, message=message)],
+                late=[HangLate(rank=1, reason="never reached the collective: its last finished step is 5; it was "
+                                              "killed or is still running", last_step=5, ended="running")],
+                collect_next=["py-spy dump --pid <pid of the late rank> (where its Python is blocked)"])
+
+
+def nccl_hang(summary: str = "process group 0(default_pg): ranks [0, 1, 2] timed out in ALLREDUCE SeqNum 808, "
+                             "9801523 elements after 600000 ms; every reporting rank is stuck on the same collective "
+                             "(no desync). ranks [3] never arrived (behind, or no timeout line).") -> Hang:
+    """NCCL's diagnosis: ranks 0-2 of 4 timed out in all-reduce SeqNum 808, rank 3 never came."""
+    stuck = [StuckRank(rank=r, process_group="0(default_pg)", seq=808, op_type="ALLREDUCE", numel_in=9801523,
+                       numel_out=9801523, timeout_ms=600000, ran_for_ms=600020 + r, last_enqueued=811,
+                       last_completed=807) for r in range(3)]
+    groups = [HangGroup(process_group="0(default_pg)", seq=808, op_type="ALLREDUCE", numel_in=9801523,
+                        numel_out=9801523, timeout_ms=600000, kind="collective_stuck", ranks_timed_out=[0, 1, 2],
+                        ranks_behind=[], ranks_without_timeout=[3])]
+    return Hang(source="nccl", summary=summary, waited=nccl_waited(stuck), late=nccl_late(groups, [3]),
+                collect_next=["py-spy dump --native on ranks [3] while hung: where they are instead of the collective"],
+                kind="collective_stuck", world_size=4, process_groups=groups, ranks_stuck=stuck, never_arrived=[3],
+                coll_laggards=[CollLaggard(host="gpu-b", pid=4245, ranks=[3], nranks=4, last_op_count=807,
+                                           behind_by=1)],
+                first_error="gpu-b:4245 [3] NET/IB : Got completion from peer with status=12",
+                flight_recorder=[], env={"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"},
+                doc="https://pytorch.org/docs/stable/torch_nccl_environment_variables.html")
 
 
 # -- every shape of run a renderer must survive, built from the dataclasses --------------------
@@ -215,9 +298,13 @@ def gpu_run(n: int = 8) -> Analysis:
         findings=[FINDING, Finding(lever="nccl_env", severity="high", title="NCCL_P2P_DISABLE=1 forces copies through the host",
                                    evidence=["gpu-a:4242 NCCL INFO NCCL_P2P_DISABLE set by environment to 1"], ranks=list(range(n)),
                                    est_saving_pct=None, action={"env": {"NCCL_P2P_DISABLE": None, "NCCL_IB_HCA": "mlx5"}})],
-        nccl={"version": "2.21.5", "hosts": ["gpu-a", "gpu-b"], "init_s": 3.2, "channels": 16,
-              "processes": [{"host": "gpu-a", "pid": 4242, "ranks": [0, 1, 2, 3], "network": "IB"}]},
-        telemetry={"samples": 1200, "sm_util": {"p50": 0.81, "min": 0.42}, "throttle": ["HW_SLOWDOWN"]},
+        nccl=nccl_summary([{"host": "gpu-a", "pids": [4242], "ranks": [0, 1, 2, 3], "versions": ["2.21.5"],
+                            "networks": ["IB"]},
+                           {"host": "gpu-b", "pids": [4343], "ranks": [4, 5, 6, 7], "versions": ["2.21.5"],
+                            "networks": ["IB"]}], world_size=n, init_s_max=3.2),
+        telemetry=telemetry_summary([gpu_telemetry(r, host=("gpu-a", "gpu-b")[r // 4 % 2], samples=1200,
+                                                 util_gpu_ratio_mean=0.81, throttle_share={"HW_SLOWDOWN": 0.25})
+                                   for r in range(n)]),
     )
 
 
@@ -237,7 +324,7 @@ def big(n: int = 512) -> Analysis:
         process_groups=groups,
         findings=[FINDING] * 40,
         notices=[Notice("warning", f"rank {r}: trace has {r} dropped events " + "x" * 300) for r in range(300)],
-        nccl={"processes": [{"host": h, "pid": i, "ranks": list(range(8 * i, 8 * i + 8))} for i, h in enumerate(hosts)]},
+        nccl=nccl_summary([{"host": h, "pids": [i], "ranks": list(range(8 * i, 8 * i + 8))} for i, h in enumerate(hosts)]),
     )
 
 
@@ -256,8 +343,10 @@ def hostile() -> Analysis:
         findings=[Finding(lever="nccl_env", severity="high", title=EVIL, evidence=[EVIL], ranks=[0],
                           est_saving_pct=None, action={"code": EVIL, "env": {"NCCL_X": EVIL}, "doc": "javascript:alert(1)"})],
         notices=[Notice("error", EVIL)],
-        nccl={EVIL: EVIL, "procs": [{EVIL: EVIL}]},
-        telemetry={"gpu": EVIL},
+        nccl=nccl_summary([{"host": EVIL, EVIL: EVIL, "versions": [EVIL]}], warnings=[EVIL], errors=[EVIL],
+                          hang=nccl_hang(summary=EVIL)),
+        telemetry=telemetry_summary([gpu_telemetry(0, host=EVIL, name=EVIL)], problems=[EVIL]),
+        hang=pardiag_hang(summary=EVIL, message=EVIL),
     )
 
 

@@ -147,7 +147,7 @@ def test_no_compute_kernel_and_unknown_class_notice_fail(tmp_path: Path) -> None
 def _nccl_block(name: str) -> dict[str, Any]:
     from pardiag.analyzers.nccl.summary import nccl_block
 
-    return nccl_block([NCCL_LOGS / name], None)[0]
+    return nccl_block([NCCL_LOGS / name], None)[0].to_dict()  # as analysis.json holds it, which gpu_check reads
 
 
 @needs_nccl_logs

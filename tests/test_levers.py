@@ -98,8 +98,8 @@ def test_what_if_multiplies_independent_savings() -> None:
     fs = [Finding("dataloader", "high", "t", [], [], 20.0, {}), Finding("straggler", "high", "t", [], [], 50.0, {}),
           Finding("nccl_env", "low", "t", [], [], None, {})]
     w = what_if(200_000.0, fs)
-    assert [p["step_us"] for p in w["findings"]] == [160_000.0, 100_000.0]
-    assert w["all_step_us"] == pytest.approx(200_000.0 * 0.8 * 0.5) and w["all_saving_pct"] == 60.0
+    assert w is not None and [p.step_us for p in w.findings] == [160_000.0, 100_000.0]
+    assert w.all_step_us == pytest.approx(200_000.0 * 0.8 * 0.5) and w.all_saving_pct == 60.0
     assert what_if(0.0, fs) is None
 
 

@@ -23,6 +23,7 @@ from pardiag.analyzers.nccl.findings import nccl_findings, socket_fallback_with_
 from pardiag.analyzers.nccl.log import NcclLog, NcclProcess, NcclReport, merge_logs, parse_nccl_log
 from pardiag.analyzers.rules import RuleContext
 from pardiag.cli import main
+from pardiag.run_info import RunInfo
 
 DATA = Path(__file__).resolve().parent / "data" / "nccl"
 DATA_LOGS = sorted(DATA.glob("*.log"))
@@ -45,7 +46,7 @@ def by_who(log: NcclLog) -> dict[str, NcclProcess]:
 
 
 def run_rule(rule: Any, rep: NcclReport) -> list[dict[str, Any]]:
-    ctx = RuleContext(Analysis(run={}, ranks=[], collectives=[], stragglers=[]), nccl=rep)
+    ctx = RuleContext(Analysis(run=RunInfo(), ranks=[], collectives=[], stragglers=[]), nccl=rep)
     return [asdict(f) for f in rule(ctx)]
 
 

@@ -165,7 +165,7 @@ def check_16(log: NcclLog) -> None:
     assert [c.op_count for c in srrss.coll_calls] == [0x139D, 0x139E] and srrss.coll_calls_total == 2
     assert log.nranks == 128 and log.lines_unrecognized == 0
     # opCount per process: the fqztx worker (pid 615) is one collective behind in this excerpt
-    assert [(d["pid"], d["nranks"], d["last_op_count"], d["behind_by"]) for d in coll_laggards(report_of(log))] == [
+    assert [(d.pid, d.nranks, d.last_op_count, d.behind_by) for d in coll_laggards(report_of(log))] == [
         (615, 128, 0x139D, 1)]
 
 
@@ -180,16 +180,16 @@ def check_17(log: NcclLog) -> None:
             for p in sorted(log.progress, key=lambda p: p.rank)] == [
         (0, "0", "0", "default_pg", 808, 811, 807), (1, "0", "0", "default_pg", 808, 811, 807)]
     d = hang_diagnosis(report_of(log))
-    assert d is not None and d["kind"] == "collective_stuck"
-    (pg,) = d["process_groups"]
-    assert (pg["process_group"], pg["seq"], pg["op_type"], pg["numel_in"], pg["ranks_timed_out"]) == (
+    assert d is not None and d.kind == "collective_stuck" and d.process_groups and d.ranks_stuck and d.env
+    (pg,) = d.process_groups
+    assert (pg.process_group, pg.seq, pg.op_type, pg.numel_in, pg.ranks_timed_out) == (
         "0(default_pg)", 808, "ALLREDUCE", 9801523, [0, 1, 2])
-    assert pg["ranks_behind"] == [] and d["never_arrived"] is None  # world size not in the log
-    assert d["env"]["TORCH_NCCL_TRACE_BUFFER_SIZE"] and d["env"]["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
-    assert any("NCCL_DEBUG=INFO" in step for step in d["collect_next"])
-    assert {(r["rank"], r["last_completed"]) for r in d["ranks_stuck"]} == {(0, 807), (1, 807), (2, None)}
+    assert pg.ranks_behind == [] and d.never_arrived is None  # world size not in the log
+    assert d.env["TORCH_NCCL_TRACE_BUFFER_SIZE"] and d.env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert any("NCCL_DEBUG=INFO" in step for step in d.collect_next)
+    assert {(r.rank, r.last_completed) for r in d.ranks_stuck} == {(0, 807), (1, 807), (2, None)}
     with_world = hang_diagnosis(report_of(log), world_size=4)
-    assert with_world is not None and with_world["never_arrived"] == [3]
+    assert with_world is not None and with_world.never_arrived == [3]
 
 
 REFERENCE_CHECKS: dict[str, Callable[[NcclLog], None]] = {
@@ -744,13 +744,13 @@ def test_hang_diagnosis_desync_names_the_late_rank() -> None:
     log = lines(*(TIMEOUT.format(r=r, s=41, op="ALLREDUCE") for r in (0, 1, 2)), TIMEOUT.format(r=3, s=40, op="BROADCAST"),
                 "node-a:1:1 [0] NCCL INFO comm 0x1 rank 0 nranks 5 cudaDev 0 busId 1000 - Init COMPLETE")
     d = hang_diagnosis(report_of(log))
-    assert d is not None and d["kind"] == "desync" and d["world_size"] == 5
-    (pg,) = d["process_groups"]
-    assert (pg["seq"], pg["op_type"], pg["ranks_timed_out"], pg["ranks_behind"], pg["ranks_without_timeout"]) == (
+    assert d is not None and d.kind == "desync" and d.world_size == 5 and d.process_groups and d.env
+    (pg,) = d.process_groups
+    assert (pg.seq, pg.op_type, pg.ranks_timed_out, pg.ranks_behind, pg.ranks_without_timeout) == (
         41, "ALLREDUCE", [0, 1, 2, 3], [3], [4])
-    assert d["never_arrived"] == [3, 4] and d["env"]["TORCH_NCCL_DESYNC_DEBUG"] == "1"
-    assert any("py-spy" in s for s in d["collect_next"]) and any("DESYNC" in s for s in d["collect_next"])
-    json.dumps(d)
+    assert d.never_arrived == [3, 4] and d.env["TORCH_NCCL_DESYNC_DEBUG"] == "1"
+    assert any("py-spy" in s for s in d.collect_next) and any("DESYNC" in s for s in d.collect_next)
+    json.dumps(d.to_dict())
 
 
 def test_hang_diagnosis_quotes_first_error_and_flight_recorder() -> None:
@@ -760,10 +760,10 @@ def test_hang_diagnosis_quotes_first_error_and_flight_recorder() -> None:
                 "[rank0]:[E1 ProcessGroupNCCL.cpp:1] [PG ID 0 PG GUID 0 Rank 0] timed out after waiting for 60000ms flight "
                 "recorder dumps to finish.")
     d = hang_diagnosis(report_of(log), world_size=2)
-    assert d is not None and d["kind"] == "collective_stuck" and d["never_arrived"] == []
-    assert "status=12" in d["first_error"] and "retry exceeded" in d["first_error"]
-    assert "every rank timed out in the same collective" in d["summary"]
-    assert d["flight_recorder"] and "torchfrtrace" in d["collect_next"][0]
+    assert d is not None and d.kind == "collective_stuck" and d.never_arrived == [] and d.first_error
+    assert "status=12" in d.first_error and "retry exceeded" in d.first_error
+    assert "every rank timed out in the same collective" in d.summary
+    assert d.flight_recorder and "torchfrtrace" in d.collect_next[0]
 
 
 # --------------------------------------------------------------------------- garbage

@@ -23,6 +23,7 @@ import pytest
 
 from pardiag import rundir
 from pardiag.analysis import Analysis, Straggler
+from pardiag.analysis_blocks import telemetry_from_dict
 from pardiag.rank_meta import RankMeta
 from pardiag.run_info import RunInfo
 from pardiag.analyzers.rules import RuleContext, ordered, run_rules
@@ -38,10 +39,10 @@ from pardiag.collectors.telemetry_split import gpu_of_rank, split_by_rank
 from pardiag.rundir import RunDir
 
 def gpu_health_findings(block: dict[str, Any], stragglers: list[int]) -> list[dict[str, Any]]:
-    """The registry's GPU health rows on a telemetry block, ordered as the Analysis orders
+    """The registry's GPU health rows on a telemetry block (as analysis.json holds it), ordered as the Analysis orders
     them, as JSON; `stragglers` are the ranks the step-time analysis named."""
     named = [Straggler(rank=r, excess_us_per_step=0.0, cause="test", evidence=[]) for r in stragglers]
-    ctx = RuleContext(Analysis(run=RunInfo(), ranks=[], collectives=[], stragglers=named), telemetry=block)
+    ctx = RuleContext(Analysis(run=RunInfo(), ranks=[], collectives=[], stragglers=named), telemetry=telemetry_from_dict(block))
     return [asdict(f) for f in ordered(run_rules(ctx, family="telemetry"))]
 
 
@@ -314,7 +315,7 @@ def test_sampler_thread_split_block_and_findings(tmp_path: Path) -> None:
         assert len(recs) == 1 + st["samples"] and {r["gpu"] for r in recs[1:]} == {rank}
     assert len(lines(run.host_telemetry(host))) == 1  # the header stays
 
-    block = telemetry_block(run)
+    block = telemetry_block(run).to_dict()
     assert block["status"] == "ok" and block["ranks"] == {
         "0": {"host": host, "gpu": 0, "uuid": UUID0}, "1": {"host": host, "gpu": 1, "uuid": UUID1}}
     g0, g1 = by_gpu(block)[0], by_gpu(block)[1]
@@ -414,7 +415,7 @@ def test_block_and_findings_by_hand(tmp_path: Path) -> None:
     assert [(a["rank"], a["gpu"], a["by"]) for a in split["assignments"]] == [
         (0, 0, "cuda_visible_devices"), (1, 1, "uuid")]
 
-    block = telemetry_block(run)
+    block = telemetry_block(run).to_dict()
     a, b = by_gpu(block)[0], by_gpu(block)[1]
     assert a["span_us"] == 7 * 250_000
     assert (a["util_gpu_ratio_mean"], a["util_gpu_ratio_p50"]) == (pytest.approx(0.9), pytest.approx(0.9))
@@ -451,10 +452,10 @@ def test_idle_samples_do_not_dilute_throttling(tmp_path: Path) -> None:
     run = RunDir(tmp_path)
     drive(run, make_fake([FakeGpu(UUID0, util_gpu=(0, 0, 90, 90), clock_events=(IDLE, IDLE, HW_THERMAL, 0))]),
           ticks=12)
-    g = telemetry_block(run)["gpus"][0]
+    g = telemetry_block(run).to_dict()["gpus"][0]
     assert g["throttle_share"] == {"gpu_idle": 0.5, "hw_thermal_slowdown": 0.25}
     assert (g["busy_samples"], g["slowdown_share"]) == (6, 0.5)
-    (f,) = gpu_health_findings(telemetry_block(run), [])
+    (f,) = gpu_health_findings(telemetry_block(run).to_dict(), [])
     assert f["severity"] == "high" and "in 50.0% of busy samples" in f["title"] and f["ranks"] == []
 
 
@@ -474,7 +475,7 @@ def test_not_supported_disables_one_metric_only(tmp_path: Path) -> None:
     # the older clock-reasons query stands in for the newer one
     assert all(s["clock_events"] == SW_POWER for s in s1)
     assert all({"util_gpu_pct", "sm_clock_mhz", "temp_c", "mem_used_bytes", "power_limit_mw"} <= set(s) for s in s1)
-    block = telemetry_block(run)
+    block = telemetry_block(run).to_dict()
     assert by_gpu(block)[1]["power_mean_w"] is None and by_gpu(block)[0]["power_mean_w"] == pytest.approx(400)
 
 
@@ -566,7 +567,7 @@ def test_unmatched_gpus_stay_in_the_host_file(tmp_path: Path) -> None:
     assert split_by_rank(run, "node-a")["lines"] == {"ranks": 0, "host": 6}  # idempotent
     assert len(lines(run.telemetry(3))) == 7
 
-    block = telemetry_block(run)
+    block = telemetry_block(run).to_dict()
     assert [(g["gpu"], g["ranks"]) for g in block["gpus"]] == [(0, []), (1, [3])]
     assert block["hosts"]["node-a"]["unassigned_gpus"] == [0]
     # only the job's GPU is judged; the unused one is no peer
@@ -576,7 +577,7 @@ def test_unmatched_gpus_stay_in_the_host_file(tmp_path: Path) -> None:
 def test_torn_lines_and_missing_telemetry(tmp_path: Path) -> None:
     run = RunDir(tmp_path)
     run.ranks_dir.mkdir(parents=True)
-    empty = telemetry_block(run)
+    empty = telemetry_block(run).to_dict()
     assert empty["status"] == "absent" and empty["gpus"] == [] and "no GPU telemetry" in empty["reason"]
     assert gpu_health_findings(empty, [0]) == []
 
@@ -584,7 +585,7 @@ def test_torn_lines_and_missing_telemetry(tmp_path: Path) -> None:
     path = run.host_telemetry("node-a")
     with open(path, "a") as f:
         f.write('{"t_ns": 99, "gpu": 0, "util_gp')  # a crash mid-line
-    block = telemetry_block(run)
+    block = telemetry_block(run).to_dict()
     assert block["gpus"][0]["samples"] == 6 and "1 unreadable line" in block["problems"][0]
     assert gpu_health_findings(block, []) == []
 
@@ -594,7 +595,7 @@ def test_newer_telemetry_format_is_refused_politely(tmp_path: Path) -> None:
     path = run.host_telemetry("node-a")
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"format": "pardiag.telemetry", "format_version": 99}) + "\n")
-    block = telemetry_block(run)
+    block = telemetry_block(run).to_dict()
     assert block["status"] == "absent" and "newer than this pardiag" in block["problems"][0]
 
 

@@ -7,16 +7,17 @@ from __future__ import annotations
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Any, get_args
+from typing import get_args
 
 import pytest
 
 from pardiag.analysis import LEVERS, Finding, Lever, Straggler
+from pardiag.analysis_blocks import GpuTelemetry
 from pardiag.analyzers import levers, rules
 from pardiag.analyzers.analyze import analyze_path
 from pardiag.analyzers.nccl.log import parse_nccl_logs
 from pardiag.analyzers.rules import RULES, Row, RuleContext, advise, ordered, run_rules
-from factories import DDP_ONE_BUCKET, analysis, finding, rank
+from factories import DDP_ONE_BUCKET, analysis, finding, gpu_telemetry, rank, telemetry_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -25,16 +26,14 @@ needs_log = pytest.mark.skipif(not NCCL_LOG.is_file(), reason="reference NCCL lo
 FAMILY_LEVER = {"nccl": "nccl_env", "telemetry": "gpu_health"}
 
 
-def gpu(n: int, *, throttled: bool = False, low_memory: bool = False) -> dict[str, Any]:
+def gpu(n: int, *, throttled: bool = False, low_memory: bool = False) -> GpuTelemetry:
     """A GPU's telemetry summary: thermally throttled in 10% of its busy samples (medium,
     no clock to estimate from), and/or 1% memory headroom (medium)."""
-    return {"gpu": n, "host": "h", "ranks": [n], "samples": 50, "busy_samples": 50, "clock_event_samples": 50,
-            "slowdown_share": 0.10 if throttled else 0.0,
-            "throttle_share": {"hw_thermal_slowdown": 0.10} if throttled else {},
-            "sm_clock_slowdown_mean_mhz": None, "sm_clock_max_mhz": None, "sm_clock_busy_mean_mhz": 1900,
-            "sm_clock_mean_mhz": 1900, "util_gpu_ratio_mean": 0.9,
-            "memory_headroom_ratio": 0.01 if low_memory else 0.5, "memory_used_max_bytes": 79 * 2**30,
-            "memory_total_bytes": 80 * 2**30, "memory_headroom_bytes": 2**30}
+    return gpu_telemetry(n, samples=50, slowdown_share=0.10 if throttled else 0.0,
+                         throttle_share={"hw_thermal_slowdown": 0.10} if throttled else {},
+                         sm_clock_busy_mean_mhz=1900, sm_clock_mean_mhz=1900, util_gpu_ratio_mean=0.9,
+                         memory_headroom_ratio=0.01 if low_memory else 0.5, memory_used_max_bytes=79 * 2**30,
+                         memory_total_bytes=80 * 2**30, memory_headroom_bytes=2**30)
 
 
 # -- the lever type ----------------------------------------------------------------------
@@ -106,7 +105,7 @@ def test_ordered_by_rank_then_running_order() -> None:
 
 
 def test_per_gpu_rows_run_gpu_by_gpu() -> None:
-    block = {"gpus": [gpu(0, throttled=True, low_memory=True), gpu(1, throttled=True, low_memory=True)]}
+    block = telemetry_summary([gpu(0, throttled=True, low_memory=True), gpu(1, throttled=True, low_memory=True)])
     ctx = RuleContext(analysis([rank(0, compute=0.8)]), telemetry=block)
     found = ordered(run_rules(ctx, family="telemetry"))
     assert [(f.ranks, f.title.split(" ran ")[0].split(" is ")[0], f.severity) for f in found] == [
@@ -126,7 +125,7 @@ def test_empty_inputs_find_nothing() -> None:
 @needs_log
 def test_all_three_families_come_through_the_registry() -> None:
     report = parse_nccl_logs([NCCL_LOG])
-    block = {"gpus": [gpu(0, low_memory=True), gpu(1)]}
+    block = telemetry_summary([gpu(0, low_memory=True), gpu(1)])
     a = analysis([rank(r, compute=0.6, comm_exposed=0.2, dataloader=0.1) for r in (0, 1)], DDP_ONE_BUCKET,
                  stragglers=[Straggler(rank=1, excess_us_per_step=5000.0, cause="forward", evidence=["e"])])
     out = advise(a, nccl=report, telemetry=block)
@@ -137,7 +136,7 @@ def test_all_three_families_come_through_the_registry() -> None:
     assert {"straggler", "dataloader", "gradient_accumulation", "ddp_bucket_size"} <= {
         f.lever for f in by_family["lever"]}
     assert out.findings == ordered(by_family["nccl"] + by_family["telemetry"] + by_family["lever"])
-    assert out.what_if is not None and [w["lever"] for w in out.what_if["findings"]] == [
+    assert out.what_if is not None and [w.lever for w in out.what_if.findings] == [
         f.lever for f in out.findings if f.est_saving_pct]
     assert not out.notices
 

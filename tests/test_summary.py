@@ -106,8 +106,8 @@ def test_advisor_what_if_and_scaling_use_the_summary() -> None:
     assert f["ddp_bucket_size"].est_saving_pct == pytest.approx(8.5)
     # the others wait 21 ms per step for rank 1: 21 / 105 = 20% of the median step (not 21 / 110)
     assert f["straggler"].est_saving_pct == pytest.approx(20.0) and f["straggler"].severity == "high"
-    assert a.what_if is not None and a.what_if["step_us"] == 105 * MS
-    assert a.what_if["findings"][0]["step_us"] == pytest.approx(105 * MS * (1 - a.what_if["findings"][0]["saving_pct"] / 100))
+    assert a.what_if is not None and a.what_if.step_us == 105 * MS
+    assert a.what_if.findings[0].step_us == pytest.approx(105 * MS * (1 - a.what_if.findings[0].saving_pct / 100))
     res = scaling([("two", a), ("also two", job(records=False))])
     assert [p.step_us for p in res.points] == [105 * MS, 105 * MS]
     assert [p.comm_exposed_share for p in res.points] == pytest.approx([EXPOSED, EXPOSED])
@@ -179,7 +179,7 @@ def test_schema_1_is_upgraded_on_load() -> None:
     s = up.job_summary
     assert s.computed_from == "ranks" and s.step_p50_us == 105 * MS
     assert s.comm_exposed_ratio == pytest.approx(EXPOSED)
-    assert up.what_if is not None and up.what_if["step_us"] == 105 * MS  # recomputed, not kept
+    assert up.what_if is not None and up.what_if.step_us == 105 * MS  # recomputed, not kept
     assert sorted(f.lever for f in up.findings) == sorted(f.lever for f in a.findings)
     # inflation without the profiled steps of steps.jsonl: the profiled window per step, 100 / 100 = 1.0
     assert s.profiled_step_inflation.by_rank == pytest.approx({"0": 1.0, "1": 100 / 110})

@@ -32,7 +32,7 @@ from pardiag.tui.widgets.heatmap import WaitHeatmap
 from pardiag.tui.widgets.lanes import Lanes
 from pardiag.tui.widgets.section import Section
 from pardiag.tui.widgets.table import SortableTable
-from factories import empty_run, screen_text, settle
+from factories import empty_run, gpu_telemetry, nccl_hang, nccl_summary, screen_text, settle, telemetry_summary
 from factories import slow_rank_job as synthetic
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -130,7 +130,7 @@ async def test_missing_data_is_said() -> None:
 
 async def test_hang_diagnosis_comes_first_on_comm_setup() -> None:
     a = gpu_fixture("a100-2rank-rank0", "17")
-    assert a.nccl.get("hang")
+    assert a.nccl is not None and a.nccl.hang is not None
     async with make_app(a).run_test(size=(100, 40)) as pilot:
         await pilot.press("4")
         await settle(pilot)
@@ -212,11 +212,9 @@ async def test_rank_telemetry_as_sparklines() -> None:
     """Whatever numeric series the telemetry block holds for the rank's GPU are drawn."""
     a = synthetic(4, slow=1)
     util = [0.2, 0.9, 0.95, 0.3, 0.97, 0.99, 0.1, 0.92]
-    telemetry = {"source": "nvml", "status": "ok", "reason": None,
-                 "gpus": [{"host": "node000", "gpu": 1, "ranks": [1], "name": "NVIDIA H100", "util_gpu_ratio_mean": 0.65,
-                           "sm_clock_mean_mhz": 1410.0, "power_mean_w": 512.0,
-                           "series": {"util_gpu_ratio": util, "power_w": [300.0, 650.0, 640.0, 320.0]}}],
-                 "ranks": {"1": {"host": "node000", "gpu": 1}}}
+    telemetry = telemetry_summary([gpu_telemetry(1, host="node000", ranks=[1], name="NVIDIA H100", util_gpu_ratio_mean=0.65,
+                                                 sm_clock_mean_mhz=1410.0, power_mean_w=512.0,
+                                                 series={"util_gpu_ratio": util, "power_w": [300.0, 650.0, 640.0, 320.0]})])
     a = dataclasses.replace(a, telemetry=telemetry)
     async with make_app(a).run_test(size=(160, 50)) as pilot:
         await settle(pilot)
@@ -444,7 +442,7 @@ async def test_untrusted_strings_are_shown_as_text() -> None:
         collectives=[dataclasses.replace(c, op=evil, process_group=evil) for c in a.collectives],
         findings=[dataclasses.replace(f, title=evil, evidence=[evil], action={"code": evil}) for f in a.findings],
         notices=[Notice("error", evil)],
-        nccl={"hosts": [{"host": evil, "versions": [evil]}], "errors": [evil], "hang": {"summary": evil}},
+        nccl=nccl_summary([{"host": evil, "versions": [evil]}], errors=[evil], hang=nccl_hang(summary=evil)),
     )
     app = make_app(a)
     async with app.run_test(size=(160, 48)) as pilot:

@@ -20,9 +20,10 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import asdict, replace
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence
 
 from pardiag.analysis import Analysis, Finding, Severity
+from pardiag.analysis_blocks import CollLaggard, Hang, HangGroup, StuckRank, nccl_late, nccl_waited
 from pardiag.analyzers.nccl.log import (
     Connection,
     NcclProcess,
@@ -659,19 +660,19 @@ def _group_by_pg(timeouts: Sequence[WatchdogTimeout]) -> dict[str, list[Watchdog
     return groups
 
 
-def _rank_entry(t: WatchdogTimeout, pg: str, progress: Sequence[WatchdogProgress]) -> dict[str, Any]:
+def _rank_entry(t: WatchdogTimeout, pg: str, progress: Sequence[WatchdogProgress]) -> StuckRank:
     prog = next((p for p in progress if p.rank == t.rank and p.work == t.seq), None)
-    return {"rank": t.rank, "process_group": pg, "seq": t.seq, "op_type": t.op_type, "numel_in": t.numel_in,
-            "numel_out": t.numel_out, "timeout_ms": t.timeout_ms, "ran_for_ms": t.ran_for_ms,
-            "last_enqueued": prog.last_enqueued if prog else None,
-            "last_completed": prog.last_completed if prog else None}
+    return StuckRank(rank=t.rank, process_group=pg, seq=t.seq, op_type=t.op_type, numel_in=t.numel_in,
+                     numel_out=t.numel_out, timeout_ms=t.timeout_ms, ran_for_ms=t.ran_for_ms,
+                     last_enqueued=prog.last_enqueued if prog else None,
+                     last_completed=prog.last_completed if prog else None)
 
 
 def _is_world_pg(pg: str) -> bool:
     return pg in ("?", "0", "0(default_pg)") or pg.endswith("(default_pg)")
 
 
-def _diagnose_pg(pg: str, ts: Sequence[WatchdogTimeout], world: int | None) -> dict[str, Any]:
+def _diagnose_pg(pg: str, ts: Sequence[WatchdogTimeout], world: int | None) -> HangGroup:
     seqs = [t.seq for t in ts if t.seq is not None]
     top = max(seqs) if seqs else None
     reported = sorted({t.rank for t in ts if t.rank is not None})
@@ -679,11 +680,11 @@ def _diagnose_pg(pg: str, ts: Sequence[WatchdogTimeout], world: int | None) -> d
                      and t.seq < top})
     missing = sorted(set(range(world)) - set(reported)) if world and _is_world_pg(pg) else None
     at_top = next((t for t in ts if t.seq == top), ts[0])
-    return {"process_group": pg, "seq": top, "op_type": at_top.op_type, "numel_in": at_top.numel_in,
-            "numel_out": at_top.numel_out, "timeout_ms": at_top.timeout_ms,
-            "kind": "desync" if len(set(seqs)) > 1 or len({t.op_type for t in ts if t.seq == top}) > 1
-            else "collective_stuck",
-            "ranks_timed_out": reported, "ranks_behind": behind, "ranks_without_timeout": missing}
+    desync = len(set(seqs)) > 1 or len({t.op_type for t in ts if t.seq == top}) > 1
+    return HangGroup(process_group=pg, seq=top, op_type=at_top.op_type, numel_in=at_top.numel_in,
+                     numel_out=at_top.numel_out, timeout_ms=at_top.timeout_ms,
+                     kind="desync" if desync else "collective_stuck",
+                     ranks_timed_out=reported, ranks_behind=behind, ranks_without_timeout=missing)
 
 
 def _first_error(report: NcclReport) -> str | None:
@@ -695,14 +696,14 @@ def _first_error(report: NcclReport) -> str | None:
     return f"{errors[0].name}: {errors[0].meaning}" if errors else None
 
 
-def _summary(pgs: Sequence[dict[str, Any]], never: Sequence[int] | None) -> str:
+def _summary(pgs: Sequence[HangGroup], never: Sequence[int] | None) -> str:
     parts = []
     for g in pgs:
-        size = f", {g['numel_in']} elements" if g["numel_in"] is not None else ""
-        head = (f"process group {g['process_group']}: ranks {g['ranks_timed_out']} timed out in {g['op_type']} "
-                f"SeqNum {g['seq']}{size} after {g['timeout_ms']} ms")
-        if g["kind"] == "desync":
-            head += f"; ranks {g['ranks_behind']} are at an earlier SeqNum (desync: ranks issued different collectives)"
+        size = f", {g.numel_in} elements" if g.numel_in is not None else ""
+        head = (f"process group {g.process_group}: ranks {g.ranks_timed_out} timed out in {g.op_type} "
+                f"SeqNum {g.seq}{size} after {g.timeout_ms} ms")
+        if g.kind == "desync":
+            head += f"; ranks {g.ranks_behind} are at an earlier SeqNum (desync: ranks issued different collectives)"
         else:
             head += "; every reporting rank is stuck on the same collective (no desync)"
         parts.append(head)
@@ -734,7 +735,7 @@ def _collect_next(report: NcclReport, kind: str, never: Sequence[int] | None) ->
     return steps
 
 
-def coll_laggards(report: NcclReport) -> list[dict[str, Any]]:
+def coll_laggards(report: NcclReport) -> list[CollLaggard]:
     """Processes whose last COLL ``opCount`` (formats.md §11) is behind the others' on
     communicators of the same size: the ones that stopped issuing collectives first.
     Comm pointers differ per process, so communicators are matched by size."""
@@ -748,12 +749,12 @@ def coll_laggards(report: NcclReport) -> list[dict[str, Any]]:
     out = []
     for size, entries in sorted(last.items()):
         top = max(op for _, op in entries)
-        out += [{"host": p.host, "pid": p.pid, "ranks": list(p.ranks), "nranks": size, "last_op_count": op,
-                 "behind_by": top - op} for p, op in entries if op < top]
+        out += [CollLaggard(host=p.host, pid=p.pid, ranks=list(p.ranks), nranks=size, last_op_count=op,
+                            behind_by=top - op) for p, op in entries if op < top]
     return out
 
 
-def hang_diagnosis(report: NcclReport, world_size: int | None = None) -> dict[str, Any] | None:
+def hang_diagnosis(report: NcclReport, world_size: int | None = None) -> Hang | None:
     """From PyTorch watchdog timeouts: which ranks were stuck in which collective (process
     group, SeqNum, op, size), which ranks never arrived (an earlier SeqNum, or no timeout
     line at all when the world size is known), and what to collect next. None without
@@ -765,19 +766,21 @@ def hang_diagnosis(report: NcclReport, world_size: int | None = None) -> dict[st
     world = world_size or report.world_size
     groups = _group_by_pg(timeouts)
     pgs = [_diagnose_pg(pg, ts, world) for pg, ts in sorted(groups.items())]
-    kind = "desync" if any(g["kind"] == "desync" for g in pgs) else "collective_stuck"
+    kind: Literal["desync", "collective_stuck"] = "desync" if any(g.kind == "desync" for g in pgs) else "collective_stuck"
     never = _never_arrived(pgs)
     env = dict(FLIGHT_RECORDER_ENV, **(DESYNC_ENV if kind == "desync" else {}))
-    return {"kind": kind, "summary": _summary(pgs, never), "world_size": world, "process_groups": pgs,
-            "ranks_stuck": [_rank_entry(t, pg, report.progress) for pg, ts in sorted(groups.items()) for t in ts],
-            "never_arrived": never, "coll_laggards": coll_laggards(report), "first_error": _first_error(report),
-            "flight_recorder": [line for log in report.logs for line in log.flight_recorder],
-            "collect_next": _collect_next(report, kind, never), "env": env, "doc": TORCH_ENV_DOC}
+    stuck = [_rank_entry(t, pg, report.progress) for pg, ts in sorted(groups.items()) for t in ts]
+    return Hang(source="nccl", kind=kind, summary=_summary(pgs, never), world_size=world, process_groups=pgs,
+                ranks_stuck=stuck, never_arrived=never, coll_laggards=coll_laggards(report),
+                first_error=_first_error(report),
+                flight_recorder=[line for log in report.logs for line in log.flight_recorder],
+                collect_next=_collect_next(report, kind, never), env=env, doc=TORCH_ENV_DOC,
+                waited=nccl_waited(stuck), late=nccl_late(pgs, never))
 
 
-def _never_arrived(pgs: Sequence[dict[str, Any]]) -> list[int] | None:
-    behind = {r for g in pgs for r in g["ranks_behind"]}
-    missing = [g["ranks_without_timeout"] for g in pgs if g["ranks_without_timeout"] is not None]
+def _never_arrived(pgs: Sequence[HangGroup]) -> list[int] | None:
+    behind = {r for g in pgs for r in g.ranks_behind}
+    missing = [g.ranks_without_timeout for g in pgs if g.ranks_without_timeout is not None]
     if not missing and not behind:
         return None
     return sorted(behind | {r for m in missing for r in m})

@@ -37,13 +37,13 @@ def finding_columns(number: dict[int, int]) -> list[Column[Finding]]:
 
 
 def what_if(a: Analysis) -> RenderableType:
-    w = a.what_if or {}
-    if not w.get("step_us") or not w.get("all_step_us"):
+    w = a.what_if
+    if w is None or not w.step_us or not w.all_step_us:
         return Text("")
     return Text.assemble(("if all were applied: ", "bold"),
-                         f"step {fmt.ms(w['step_us'])} → {fmt.ms(w['all_step_us'])} ms",
-                         (f" (-{w.get('all_saving_pct') or 0:.0f}%)", "bold green"),
-                         (f"; {w['assumption']}" if w.get("assumption") else "", "dim"))
+                         f"step {fmt.ms(w.step_us)} → {fmt.ms(w.all_step_us)} ms",
+                         (f" (-{w.all_saving_pct or 0:.0f}%)", "bold green"),
+                         (f"; {w.assumption}" if w.assumption else "", "dim"))
 
 
 def preview(f: Finding | None, full: bool) -> RenderableType:

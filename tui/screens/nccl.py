@@ -4,6 +4,7 @@ its errors and warnings, the environment problems found, and the diagnosis of a 
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any, Mapping
 
 from rich.console import Group, RenderableType
@@ -15,6 +16,7 @@ from textual.widgets import Static
 
 from pardiag import style
 from pardiag.analysis import Analysis
+from pardiag.analysis_blocks import Hang, HangWait, NcclSummary, StuckRank
 from pardiag.display import action_env_text, ordered_findings
 from pardiag.tui import format as fmt
 from pardiag.tui.screens.base import PardiagScreen
@@ -50,64 +52,83 @@ def host_columns(transports: Mapping[str, Mapping[str, int]]) -> list[Column[Map
     ]
 
 
-def facts(a: Analysis) -> RenderableType:
-    n = a.nccl
-    bits = [f"{n.get('files', 0)} log file{'s' if n.get('files', 0) != 1 else ''}",
-            f"{n.get('processes', 0)} process{'es' if n.get('processes', 0) != 1 else ''}",
-            f"{n.get('nnodes') or '?'} node(s)" + (" (multi-node)" if n.get("multi_node") else "")]
-    if n.get("world_size"):
-        bits.append(f"world size {n['world_size']}")
-    if n.get("init_s_max"):
-        bits.append(f"slowest communicator init {n['init_s_max']:.1f} s")
+def facts(n: NcclSummary) -> RenderableType:
+    bits = [f"{n.files} log file{'s' if n.files != 1 else ''}",
+            f"{n.processes} process{'es' if n.processes != 1 else ''}",
+            f"{n.nnodes or '?'} node(s)" + (" (multi-node)" if n.multi_node else "")]
+    if n.world_size:
+        bits.append(f"world size {n.world_size}")
+    if n.init_s_max:
+        bits.append(f"slowest communicator init {n.init_s_max:.1f} s")
     return Text(" · ".join(bits))
 
 
-def _ranks_table(rows: list[Mapping[str, Any]]) -> Table:
+def _ranks_table(rows: list[StuckRank]) -> Table:
     t = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold")
     cols = ("rank", "process_group", "op_type", "seq", "last_completed", "last_enqueued", "ran_for_ms")
     for c in cols:
         text = c in ("process_group", "op_type")
-        longest = max((len(str(row.get(c) or "")) for row in rows), default=4)
+        longest = max((len(str(getattr(row, c) or "")) for row in rows), default=4)
         t.add_column(c.replace("_", " "), justify="left" if text else "right",
                      min_width=min(24, longest) if text else None)
     for row in rows[:MAX_LINES]:
-        t.add_row(*(Text(fmt.fact_text(c, row.get(c))) for c in cols))
+        t.add_row(*(Text(fmt.fact_text(c, getattr(row, c))) for c in cols))
     return t
 
 
-def hang(h: Mapping[str, Any]) -> RenderableType:
+def _waited_table(rows: list[HangWait]) -> Table:
+    """pardiag's own records: each rank that waited, in which step and op, and its message."""
+    t = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold")
+    for c in ("rank", "step", "op", "timeout ms", "message"):
+        t.add_column(c, justify="left" if c in ("op", "message") else "right")
+    for w in rows[:MAX_LINES]:
+        cells = (("rank", w.rank), ("step", w.step), ("op", w.op), ("timeout_ms", w.timeout_ms))
+        t.add_row(*(Text(fmt.fact_text(k, v)) for k, v in cells), Text(fmt.clip(w.message, 200)))
+    return t
+
+
+def hang(h: Hang) -> RenderableType:
+    """The diagnosis, from either source: NCCL's with its process groups and where each
+    rank stopped; pardiag's with the step and op each rank waited in."""
     red = style.SEVERITY_COLOURS["high"]
     parts: list[RenderableType] = [
-        Text.assemble(("HANG", f"bold #ffffff on {red}"), " ", (str(h.get("kind") or "").replace("_", " "), f"bold {red}")),
-        Text(str(h.get("summary") or "the job hung"), style="bold"),
+        Text.assemble(("HANG", f"bold #ffffff on {red}"), " ", ((h.kind or "").replace("_", " "), f"bold {red}")),
+        Text(h.summary or "the job hung", style="bold"),
     ]
-    if h.get("first_error"):
-        parts.append(Text.assemble(("first error: ", "bold"), str(h["first_error"])))
-    for key, what in (("never_arrived", "never arrived"), ("coll_laggards", "behind")):
-        if h.get(key):
-            parts.append(Text.assemble((f"ranks {what}: ", "bold"), fmt.fact_text(key, h[key])))
-    if h.get("ranks_stuck"):
-        parts += [Text("where each rank stopped", style="bold"), _ranks_table(list(h["ranks_stuck"]))]
-    if h.get("collect_next"):
+    if h.first_error:
+        parts.append(Text.assemble(("first error: ", "bold"), h.first_error))
+    if h.source == "nccl":
+        if h.never_arrived:
+            parts.append(Text.assemble(("ranks never arrived: ", "bold"), fmt.fact_text("never_arrived", h.never_arrived)))
+        if h.coll_laggards:
+            parts.append(Text.assemble(("ranks behind: ", "bold"),
+                                       fmt.fact_text("coll_laggards", [asdict(c) for c in h.coll_laggards])))
+    elif h.late:
+        parts.append(Text.assemble(("ranks never arrived: ", "bold"), ", ".join(str(x.rank) for x in h.late)))
+    if h.ranks_stuck:
+        parts += [Text("where each rank stopped", style="bold"), _ranks_table(h.ranks_stuck)]
+    elif h.waited:
+        parts += [Text("where each rank stopped", style="bold"), _waited_table(h.waited)]
+    if h.collect_next:
         parts.append(Text("collect next", style="bold"))
         bullets = Table.grid(padding=(0, 1))
         bullets.add_column(width=2, justify="right")
         bullets.add_column()
-        for line in h["collect_next"][:MAX_LINES]:
+        for line in h.collect_next[:MAX_LINES]:
             bullets.add_row("•", Text(str(line)))
         parts.append(bullets)
-    if isinstance(h.get("env"), Mapping) and h["env"]:
-        parts.append(Text(action_env_text(dict(h["env"])), style="cyan"))
-    if h.get("doc"):
-        parts.append(Text(str(h["doc"]), style="underline dim"))
+    if h.env:
+        parts.append(Text(action_env_text(dict(h.env)), style="cyan"))
+    if h.doc:
+        parts.append(Text(h.doc, style="underline dim"))
     return Group(*parts)
 
 
 def problems(a: Analysis) -> RenderableType:
     n = a.nccl
     lines: list[RenderableType] = []
-    for level, key in (("error", "errors"), ("warning", "warnings")):
-        for line in (n.get(key) or [])[:MAX_LINES]:
+    for level, lines_of in (("error", n.errors if n else []), ("warning", n.warnings if n else [])):
+        for line in lines_of[:MAX_LINES]:
             lines.append(Text.assemble((f"{level}: ", f"bold {style.NOTICE_COLOURS[level]}"), fmt.clip(line, 400)))
     for f in ordered_findings(a):
         if f.lever == "nccl_env":
@@ -118,7 +139,7 @@ def problems(a: Analysis) -> RenderableType:
                 lines.append(Text("    " + change.replace("\n", "\n    "), style="cyan"))
     if lines:
         return Group(*lines)
-    other = " other" if n.get("hang") else ""
+    other = " other" if n is not None and n.hang is not None else ""
     return Text(f"no{other} NCCL errors, warnings or environment problems", style="dim" if other else "green")
 
 
@@ -143,17 +164,17 @@ class NcclScreen(PardiagScreen):
         a = self.analysis
         n = a.nccl
         with VerticalScroll(id="nccl-body"):
-            if isinstance(n.get("hang"), Mapping) and n["hang"]:
-                h = n["hang"]
+            if n is not None and n.hang is not None:
+                h = n.hang
                 yield Drawn(lambda w: hang(h), id="hang")
             yield Heading("NCCL communication setup", markup=False)
-            if not n:
+            if n is None:
                 yield Static(no_logs(a), id="empty", markup=False)
                 return
-            yield Drawn(lambda w: facts(a), id="facts")
-            hosts = [h for h in n.get("hosts") or [] if isinstance(h, Mapping)]
+            yield Drawn(lambda w: facts(n), id="facts")
+            hosts = n.hosts
             if hosts:
-                yield SortableTable(host_columns(n.get("transports") or {}), hosts,
+                yield SortableTable(host_columns(n.transports), hosts,
                                     lambda h: " ".join(str(v) for v in h.values()), sort=0, noun="hosts", id="hosts")
                 yield Caption("", id="table-caption")
             else:

@@ -77,11 +77,11 @@ def summary(a: Analysis) -> RenderableType:
                    if h.comm_exposed_transfer_share is not None else "")
         bits.append(f"exposed comm {fmt.pct(h.comm_exposed_share)}{without}")
     lines.append(Text(" · ".join(b for b in bits if b), style="bold"))
-    hang = a.nccl.get("hang") if isinstance(a.nccl.get("hang"), dict) else None
-    if hang:
+    hang = a.nccl.hang if a.nccl is not None else None  # the one screen 4 shows
+    if hang is not None:
         red = style.SEVERITY_COLOURS["high"]
         lines.append(Text.assemble(("HANG", f"bold #ffffff on {red}"), " ",
-                                   (fmt.clip(hang.get("summary") or "the job hung", 100), f"bold {red}"),
+                                   (fmt.clip(hang.summary or "the job hung", 100), f"bold {red}"),
                                    (" (4 has the diagnosis)", "dim")))
     p50s = [v for r in a.ranks if (v := r.step_time_us.p50) is not None]
     if len(p50s) > 1:

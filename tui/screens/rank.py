@@ -3,8 +3,6 @@ step, host phases over all steps, collectives, GPU timeline, operators, telemetr
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -15,6 +13,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 
 from pardiag import style
 from pardiag.analysis import Analysis, RankResult
+from pardiag.analysis_blocks import GpuTelemetry
 from pardiag.step_records import host_phases
 from pardiag.tui import format as fmt
 from pardiag.tui.screens.base import PardiagScreen
@@ -124,15 +123,9 @@ def ops_section(r: RankResult) -> RenderableType:
     return _grid([(k.removesuffix("_us").replace("_", " "), fmt.fact_text(k, v)) for k, v in sorted(r.ops.items())])
 
 
-def rank_telemetry(a: Analysis, rank: int) -> list[Mapping[str, Any]]:
-    """The telemetry records of this rank's GPU(s), and any per-rank block."""
-    t = a.telemetry or {}
-    out: list[Mapping[str, Any]] = [g for g in t.get("gpus") or [] if isinstance(g, Mapping) and rank in (g.get("ranks") or [])]
-    for key in ("series", "samples", "ranks"):
-        block = t.get(key)
-        if isinstance(block, Mapping) and isinstance(block.get(str(rank)), Mapping):
-            out.append(block[str(rank)])
-    return out
+def rank_telemetry(a: Analysis, rank: int) -> list[GpuTelemetry]:
+    """The telemetry summaries of this rank's GPU(s)."""
+    return [g for g in a.telemetry.gpus if rank in g.ranks] if a.telemetry is not None else []
 
 
 TELEMETRY_FACTS = ("name", "util_gpu_ratio_mean", "sm_clock_mean_mhz", "sm_clock_ratio", "power_mean_w",
@@ -143,11 +136,11 @@ def telemetry_section(a: Analysis, r: RankResult, width: int) -> RenderableType:
     records = rank_telemetry(a, r.rank)
     series: dict[str, list[float]] = {}
     for rec in records:
-        series.update(fmt.numeric_series(rec))
-    facts = [(k.replace("_", " "), fmt.fact_text(k, rec[k])) for rec in records for k in TELEMETRY_FACTS
-             if rec.get(k) is not None]
+        series.update(fmt.numeric_series({"series": rec.series}))
+    facts = [(k.replace("_", " "), fmt.fact_text(k, getattr(rec, k))) for rec in records for k in TELEMETRY_FACTS
+             if getattr(rec, k) is not None]
     if not series and not facts:
-        reason = (a.telemetry or {}).get("reason")
+        reason = a.telemetry.reason if a.telemetry is not None else None
         return Text("no telemetry" + (f": {reason}" if reason else ""), style="dim")
     parts: list[RenderableType] = [_grid(facts)] if facts else []
     label_w = min(28, max((len(k) for k in series), default=0))
