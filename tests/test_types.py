@@ -1,5 +1,5 @@
-"""The analysis type-checks: mypy, strict on `pardiag.analyzers` and `pardiag.analysis`
-(pyproject.toml, [tool.mypy]), reports no error.
+"""The analysis type-checks: mypy, strict on `pardiag.analyzers`, `pardiag.analysis` and the typed
+records it reads (pyproject.toml, [tool.mypy]), reports no error.
 
 The import names come from setuptools' package-dir mapping (`pardiag` is diag/,
 `pardiag.analyzers` is analyzers/, ...), which mypy cannot see through an editable
