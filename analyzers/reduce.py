@@ -40,7 +40,7 @@ def from_body(doc: dict[str, Any]) -> tuple[RankTrace, GpuTime | None, int | Non
 
 def summarise(rank: int, trace: Path, complete: bool) -> tuple[dict[str, Any] | None, str | None]:
     """(the summary body of `trace`, None) or (None, why the trace could not be read)."""
-    from pardiag.analyzers.analyze import RankInput, _summarise
+    from pardiag.analyzers.pipeline import RankInput, _summarise
 
     s = _summarise(RankInput(rank, trace, complete))
     if s.result is None:

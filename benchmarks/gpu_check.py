@@ -26,7 +26,7 @@ Checks (one line each; a failed one says why):
   nvml         ranks/<r>/telemetry.jsonl holds NVML samples and the `telemetry` block is ok
   gpu vs HTA   each rank's Analysis `gpu` block equals HTA's own temporal breakdown and
                comm/compute overlap of the same trace (the comparison of
-               tests/test_gpu_breakdown_hta.py), and gpu_breakdown() of the trace itself
+               tests/analyzers/test_gpu_breakdown_hta.py), and gpu_breakdown() of the trace itself
   overhead     median step time outside the profiler window (steps.jsonl) over the plain
                run's median step time, at most --max-overhead
 
@@ -537,7 +537,7 @@ def telemetry_problems(run: str, samples: dict[int, int], block: dict[str, Any])
 
 
 def _hta_reference() -> Any:
-    """The suite's HTA comparison (tests/test_gpu_breakdown_hta.py): `_hta` runs HTA on a
+    """The suite's HTA comparison (tests/analyzers/test_gpu_breakdown_hta.py): `_hta` runs HTA on a
     folder of traces, `_ours` maps a trace's gpu_breakdown to HTA's names, `_compare` asserts."""
     sys.path.insert(0, str(ROOT / "tests"))
     import test_gpu_breakdown_hta

@@ -4,7 +4,7 @@ Runs the real sampler (`pardiag.collectors.nvml.start_sampler`) at 10 Hz for a f
 seconds and reads its own accounting (`time.thread_time_ns` and wall time around
 every sample, in the sampling thread):
 
-  fake  the fake NVML of tests/test_nvml.py (1 and 8 GPUs). Its queries cost next to
+  fake  the fake NVML of tests/collectors/test_nvml.py (1 and 8 GPUs). Its queries cost next to
         nothing, so the figure is pardiag's own work per sample: Python, JSON,
         buffering, the writes.
   nvml  the real NVML, when a GPU is present: driver calls included. The wall time
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
     hz = 1 / args.interval
     print(f"NVML sampler cost at {hz:g} Hz, {args.seconds:g} s per row")
-    print("fake = the FAKE NVML of tests/test_nvml.py: no driver calls; pardiag's own work plus the fake's "
+    print("fake = the FAKE NVML of tests/collectors/test_nvml.py: no driver calls; pardiag's own work plus the fake's "
           "Python stand-ins for pynvml's wrappers")
     print(f"{'backend':<28} {'gpus':>5} {'samples':>8} {'cpu µs/smp':>12} {'wall µs/smp':>12} "
           f"{'max wall µs':>12} {'cpu ms/s':>10} {'% core':>8}")

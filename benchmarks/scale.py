@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             run = make_run(work, n, variants)
             raw = hta = None
             if n <= args.raw_max:
-                raw = timed(f"from pardiag.analyzers.analyze import analyze_path\nfrom pathlib import Path\n"
+                raw = timed(f"from pardiag.analyzers.pipeline import analyze_path\nfrom pathlib import Path\n"
                             f"analyze_path(Path({str(run)!r}))")
             if n <= args.hta_max:
                 files = {r: str(run / "ranks" / str(r) / "trace.json.gz") for r in range(n)}
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             red = timed(f"from pardiag.node_summaries import write_node_summaries\nfrom pardiag.rundir import RunDir\n"
                         f"from pathlib import Path\nerr = write_node_summaries(RunDir(Path({str(run)!r})), list(range({n})))\n"
                         f"assert not any(err.values()), err")
-            central = timed(f"from pardiag.analyzers.analyze import analyze_path\nfrom pathlib import Path\n"
+            central = timed(f"from pardiag.analyzers.pipeline import analyze_path\nfrom pathlib import Path\n"
                             f"a = analyze_path(Path({str(run)!r}))\nassert len(a.ranks) == {n}")
             rows.append((n, red, central, raw, hta))
             print(f"  {n} ranks done", flush=True)

@@ -43,7 +43,7 @@ SCHEMA_VERSION = 2
 Severity = Literal["high", "medium", "low"]
 # `findings[].lever`: DESIGN.md's fixed vocabulary plus its deliberate extensions, a closed
 # type (tests and CI depend on the ids). A new id is added here, to DESIGN.md's list and to
-# the README's; tests/test_rules.py checks that the three agree.
+# the README's; tests/analyzers/test_rules.py checks that the three agree.
 Lever = Literal[
     "straggler",
     "dataloader",

@@ -159,7 +159,7 @@ def _warn_on_stderr(message: str) -> None:
 def _analyze(path: Path, jobs: int | None, quiet: bool, use_hta: bool, nccl_logs: list[Path],
              progress: Progress | None) -> model.Analysis:
     """Parse the traces, with a progress bar on a terminal unless quiet or given `progress`."""
-    from pardiag.analyzers.analyze import analyze_path
+    from pardiag.analyzers.pipeline import analyze_path
 
     if progress is not None or quiet:
         return analyze_path(path, jobs=jobs, progress=progress, use_hta=use_hta, nccl_logs=nccl_logs)

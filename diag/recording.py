@@ -244,7 +244,7 @@ def record(
         print(f"pardiag: error: could not write the manifest into {run.root}: {e}", file=sys.stderr)
         return result.exit_code
     if not quiet:
-        from pardiag.summary import print_run_summary
+        from pardiag.run_summary import print_run_summary
 
         print_run_summary(run, doc, write_report=report)
     else:

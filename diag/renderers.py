@@ -1,6 +1,6 @@
 """The output formats of an Analysis: one row each, name -> renderer.
 
-`pardiag report --format` offers exactly these, and tests/test_renderers.py runs every
+`pardiag report --format` offers exactly these, and tests/diag/test_renderers.py runs every
 row over the same analyses. A renderer takes the Analysis and returns the whole
 output as text; it imports its heavy library (rich, jinja2, plotly) only when called.
 `quote` is how a string from the run (a finding's title, a host name) appears in that

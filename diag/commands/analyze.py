@@ -44,7 +44,7 @@ def execute(args: argparse.Namespace) -> int:
     if args.path is None:
         if not logs:
             raise UserError("nothing to analyse: pardiag analyze PATH (a run directory, traces) or --nccl-log FILE")
-        from pardiag.analyzers.analyze import analyze_path
+        from pardiag.analyzers.pipeline import analyze_path
 
         a = analyze_path(None, nccl_logs=logs)
     else:

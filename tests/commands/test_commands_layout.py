@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-COMMANDS = Path(__file__).resolve().parents[1] / "diag" / "commands"
+COMMANDS = Path(__file__).resolve().parents[2] / "diag" / "commands"
 PACKAGE = "pardiag.commands"
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import FIXTURES, SHARED, run_pardiag
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 NCCL_LOGS = SHARED / "reference" / "nccl" / "logs"
 
 

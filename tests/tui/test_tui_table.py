@@ -17,7 +17,7 @@ from pardiag.tui.screen_table import SCREENS, help_rows
 from pardiag.tui.screens.help import KEYS, HelpScreen, help_text
 from pardiag.tui.widgets.navbar import NavTab
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 pytestmark = pytest.mark.anyio
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from conftest import pardiag_cmd
 
-TRACES = Path(__file__).resolve().parent / "data" / "cpu-2rank"  # plain torch.profiler traces, 2 ranks
+TRACES = Path(__file__).resolve().parents[1] / "data" / "cpu-2rank"  # plain torch.profiler traces, 2 ranks
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from pardiag.report_md import md_code_block, md_text, render_markdown
 from factories import SHAPES as CASES
 from factories import EVIL, collective, crashed, hostile, rank_result, run_info, small
 
-GOLDEN = Path(__file__).resolve().parent / "golden" / "report_small.md"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "report_small.md"
 MD_LIMIT = 60_000
 HTML_LIMIT = 8 * 1024 * 1024
 

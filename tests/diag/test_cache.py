@@ -17,7 +17,7 @@ from pardiag import rundir
 from pardiag.analysis_cache import cache_is_fresh, has_raw_data, load_or_analyze
 from pardiag.tui.loader import path_loader
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 OLD = DATA / "tui-demo.analysis.json"  # schema 1, no run next to it
 
 
@@ -53,7 +53,7 @@ def test_an_older_analysis_without_raw_data_is_upgraded(tmp_path: Path, monkeypa
     os.utime(run / "manifest.json", (1_000_000, 1_000_000))
     shutil.copy(OLD, run / "analysis.json")
     assert not has_raw_data(rundir.RunDir(run))
-    import pardiag.analyzers.analyze as analyzer
+    import pardiag.analyzers.pipeline as analyzer
 
     monkeypatch.setattr(analyzer, "analyze_path", _no_analysis)
     expected = model.load(OLD)
@@ -97,7 +97,7 @@ def test_the_cache_is_written_once_then_served(run: Path, monkeypatch: pytest.Mo
     a = path_loader(run)(lambda done, total: progress.append((done, total)))  # the TUI's way in
     assert writes == [run / "analysis.json"] and progress  # progress told to the TUI
     assert cache_is_fresh(rundir.RunDir(run)) and _schema_version(run / "analysis.json") == model.SCHEMA_VERSION
-    import pardiag.analyzers.analyze as analyzer
+    import pardiag.analyzers.pipeline as analyzer
 
     monkeypatch.setattr(analyzer, "analyze_path", _no_analysis)
     assert load_or_analyze(run, quiet=True) == a  # the command's way in: the same cache

@@ -14,12 +14,12 @@ import pytest
 from pardiag.analysis import LEVERS, Finding, Lever, Straggler
 from pardiag.analysis_blocks import GpuTelemetry
 from pardiag.analyzers import levers, rules
-from pardiag.analyzers.analyze import analyze_path
+from pardiag.analyzers.pipeline import analyze_path
 from pardiag.analyzers.nccl.log import parse_nccl_logs
 from pardiag.analyzers.rules import RULES, Row, RuleContext, advise, ordered, run_rules
 from factories import DDP_ONE_BUCKET, analysis, finding, gpu_telemetry, rank, telemetry_summary
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared"
 NCCL_LOG = SHARED / "reference" / "nccl" / "logs" / "08-chimera2-v2193-shm-p2p-level-loc-loopback-bootstrap.log"
 needs_log = pytest.mark.skipif(not NCCL_LOG.is_file(), reason="reference NCCL logs not present (shared/reference/nccl)")

@@ -17,7 +17,7 @@ from pardiag.analyzers.gpu_breakdown import GpuBreakdown, gpu_breakdown
 from pardiag.analyzers.trace import Trace, TraceError, load_trace, rank_of
 from tracegen import cpu_op, launch, launched_kernel as kernel, meta_events, step, write_kineto_trace as write_trace
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
 GPU_TRACES = FIXTURES / "gpu-traces"
 CPU_TRACES = FIXTURES / "cpu-traces"
 GPU_FILES = sorted(GPU_TRACES.glob("*/*.json*")) if GPU_TRACES.is_dir() else []

@@ -1,6 +1,6 @@
 """How the TUI looks, pinned: the overview and the findings screens at 80×24 and
 160×48, on fixed analyses of real runs (a CPU run with a straggler; GPU traces with an
-NCCL log). Update with `pytest tests/test_tui_snapshots.py --snapshot-update` after
+NCCL log). Update with `pytest tests/tui/test_tui_snapshots.py --snapshot-update` after
 checking the new SVGs by eye."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from pardiag import analysis as model
 from pardiag.tui.app import PardiagApp, make_app
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((160, 48), id="160x48")]
 
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from pardiag.analysis import Analysis, Finding, from_dict
-from pardiag.analyzers.analyze import _framework
+from pardiag.analyzers.pipeline import _framework
 from pardiag.rank_meta import RankMeta
 from pardiag.analyzers.levers import DS_CONFIG
 from pardiag.analyzers.rules import advise

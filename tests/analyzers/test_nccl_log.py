@@ -37,7 +37,7 @@ from pardiag.analyzers.nccl.log import (
 )
 from pardiag.analyzers.rules import RULES, Row, RuleContext
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "nccl"
+REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference" / "nccl"
 LOGS = REFERENCE / "logs"
 needs_logs = pytest.mark.skipif(not LOGS.is_dir(), reason="reference NCCL logs not present (shared/reference/nccl)")
 

@@ -25,7 +25,7 @@ from pardiag.analyzers.rules import RuleContext
 from pardiag.cli import main
 from pardiag.run_info import RunInfo
 
-DATA = Path(__file__).resolve().parent / "data" / "nccl"
+DATA = Path(__file__).resolve().parents[1] / "data" / "nccl"
 DATA_LOGS = sorted(DATA.glob("*.log"))
 
 

@@ -35,8 +35,8 @@ from pardiag.tui.widgets.table import SortableTable
 from factories import empty_run, gpu_telemetry, nccl_hang, nccl_summary, screen_text, settle, telemetry_summary
 from factories import slow_rank_job as synthetic
 
-DATA = Path(__file__).resolve().parent / "data"
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+DATA = Path(__file__).resolve().parents[1] / "data"
+SHARED = Path(__file__).resolve().parents[3] / "shared"
 FIXTURES = SHARED / "fixtures"
 NCCL_LOGS = SHARED / "reference" / "nccl" / "logs"
 pytestmark = pytest.mark.anyio
@@ -69,7 +69,7 @@ def gpu_fixture(name: str, log: str | None = None) -> Analysis:
         if not found:
             pytest.skip(f"NCCL log {log}-* not present")
         logs = found[:1]
-    from pardiag.analyzers.analyze import analyze_path
+    from pardiag.analyzers.pipeline import analyze_path
 
     return analyze_path(folder, jobs=1, nccl_logs=logs)
 
@@ -406,7 +406,7 @@ async def test_a_path_is_loaded_in_the_worker() -> None:
 def test_bad_path_is_one_line(path: str, says: str, capsys: pytest.CaptureFixture[str]) -> None:
     from pardiag.cli import main
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     assert main(["tui", str(repo / path)]) == 2
     err = capsys.readouterr().err.strip()
     assert says in err and "\n" not in err and err.startswith("pardiag: error:")
@@ -425,7 +425,7 @@ def test_empty_folder_and_foreign_json_are_refused(tmp_path: Path, capsys: pytes
 def test_textual_stays_out_of_the_analyzers() -> None:
     import subprocess
 
-    code = "import pardiag.analyzers.analyze, pardiag.commands.tui, sys; print('textual' in sys.modules)"
+    code = "import pardiag.analyzers.pipeline, pardiag.commands.tui, sys; print('textual' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 

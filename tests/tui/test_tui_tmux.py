@@ -13,7 +13,7 @@ from typing import Iterator
 
 import pytest
 
-FIXTURE = Path(__file__).resolve().parent / "data" / "tui-straggler.analysis.json"
+FIXTURE = Path(__file__).resolve().parents[1] / "data" / "tui-straggler.analysis.json"
 TMUX = shutil.which("tmux")
 
 pytestmark = pytest.mark.skipif(TMUX is None, reason="tmux is not installed (apt-get install -y tmux)")

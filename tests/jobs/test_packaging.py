@@ -25,7 +25,7 @@ import pytest
 
 from conftest import REPO, run_pardiag
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 TRACES = DATA / "cpu-2rank"  # `pardiag demo`'s two ranks (gloo, CPU), as plain torch.profiler traces
 SOURCES = ("pyproject.toml", "README.md", "LICENSE", "LICENSE.txt", "NOTICE")
 IGNORED = re.compile(r"(^|/)(__pycache__|\.[^/]*)(/|$)|\.py[co]$")

@@ -49,7 +49,7 @@ def status(dom: str) -> dict[str, str]:
 
 
 def fixture_analysis() -> Analysis:
-    from pardiag.analyzers.analyze import analyze_path
+    from pardiag.analyzers.pipeline import analyze_path
 
     traces = FIXTURES / "gpu-traces" / "sampled-128rank-job"
     if not traces.is_dir():

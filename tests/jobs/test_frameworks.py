@@ -27,7 +27,7 @@ from conftest import free_port, read_json, read_steps, run_pardiag, torchrun
 
 pytestmark = pytest.mark.slow
 
-JOBS_DIR = Path(__file__).resolve().parent / "frameworks"
+JOBS_DIR = Path(__file__).resolve().parents[1] / "frameworks"
 TIMEOUT = 300
 
 

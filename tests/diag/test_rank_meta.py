@@ -26,7 +26,7 @@ from factories import CASES, small
 SECRET = "s3cr3tVALUE42"
 HOME = os.path.expanduser("~")
 MESSAGE = f"bad config --api-key={SECRET} TOKEN={SECRET} in {HOME}/proj/train.py"
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 
 
 @pytest.fixture(autouse=True)
@@ -279,7 +279,7 @@ def test_older_analysis_files_load_their_run_block_without_loss(name: str) -> No
 def test_framework_block_from_the_ranks_metas() -> None:
     """The pipeline's framework block from two ranks' metas: rank 0's facts, the peak
     memory over both, DDP's logging trimmed and `across_ranks` filled in."""
-    from pardiag.analyzers.analyze import _framework
+    from pardiag.analyzers.pipeline import _framework
 
     m0 = parse_meta(meta_v1(0, device={"type": "cuda", "max_memory_reserved_bytes": 100}), "0")
     m1 = parse_meta(meta_v1(1, device={"type": "cuda", "max_memory_reserved_bytes": 300}), "1")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pardiag import rundir, step_records
-from pardiag.analyzers.analyze import _host_phases
+from pardiag.analyzers.pipeline import _host_phases
 from pardiag.analyzers.stragglers import RankEvidence, find_stragglers
 from pardiag.step_records import SIGNALS, Signal, StepRecord, counted, parse, upgrade_v1
 

@@ -117,7 +117,7 @@ def test_duplicate_ranks_and_unranked(tmp_path: Path) -> None:
     assert [r["rank"] for r in doc["ranks"]] == [0, 1]
 
 
-NCCL_LOGS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "nccl" / "logs"
+NCCL_LOGS = Path(__file__).resolve().parents[3] / "shared" / "reference" / "nccl" / "logs"
 
 
 @pytest.mark.skipif(not NCCL_LOGS.is_dir(), reason="reference NCCL logs not present")
@@ -189,7 +189,7 @@ def test_expert_parallel_kernels_are_communication_not_compute(tmp_path: Path) -
             launch(3, 30), launched_kernel("void deep_ep::intranode::combine<__nv_bfloat16, 8, 768>(int4*)", 1300, 100, 3),
             launch(4, 40), launched_kernel("void deep_ep::layout::get_dispatch_layout<256, 32, 8>(long const*)", 1400, 50, 4),
         ], rank=r)
-    from pardiag.analyzers.analyze import analyze_path
+    from pardiag.analyzers.pipeline import analyze_path
 
     a = analyze_path(tmp_path, jobs=1)
     for r in a.ranks:

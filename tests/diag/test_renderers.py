@@ -17,7 +17,7 @@ from pardiag.display import headline, ms, pct
 from pardiag.renderers import FORMATS
 from factories import SHAPES
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 FIXTURES = sorted(DATA.glob("*.analysis.json"))
 
 

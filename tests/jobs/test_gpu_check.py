@@ -49,7 +49,7 @@ def test_bad_arguments_exit_2() -> None:
 
 
 def _analysis_of(folder: Path) -> tuple[dict[int, Path], dict[int, Any]]:
-    from pardiag.analyzers.analyze import analyze_path
+    from pardiag.analyzers.pipeline import analyze_path
 
     doc = analyze_path(folder).to_dict()
     ranks = doc["ranks"]

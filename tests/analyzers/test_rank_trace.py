@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pardiag.analyzers.analyze import analyze_path
+from pardiag.analyzers.pipeline import analyze_path
 from pardiag.analyzers.collectives import bus_factor
 from pardiag.analyzers.rank_trace import analyze_rank_trace
 from pardiag.analyzers.trace import load_trace

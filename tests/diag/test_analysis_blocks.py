@@ -33,7 +33,7 @@ from pardiag.render_text import summary_text
 from pardiag.report_md import render_markdown
 from pardiag.tui.screens.nccl import hang as hang_view
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 GLOO_TIMEOUT = ("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 5000ms for recv "
                 "operation to complete")
 WATCHDOG = ("[rank{r}]:[E626 06:24:44.9 ProcessGroupNCCL.cpp:616] [PG ID 0 PG GUID 0(default_pg) Rank {r}] Watchdog "
