@@ -20,6 +20,7 @@ import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
 from pardiag.collectors.config import CollectorConfig, ProfileSchedule
+from pardiag.rank_meta import safe_redact
 
 
 def phase(s: ProfileSchedule, rel: int) -> ProfilerAction:
@@ -134,7 +135,7 @@ class ProfilerWindow:
             self.trace_bytes = target.stat().st_size
         except Exception as e:
             self.on_error("profiler.export", e)
-            self.reason = f"trace could not be written: {type(e).__name__}: {e}"
+            self.reason = f"trace could not be written: {type(e).__name__}: {safe_redact(str(e))}"
             self.complete = False
             # the exporter may leave its own temporary file (tmp + ".tmp") on a full disk
             for junk in (tmp, tmp.with_name(tmp.name + ".tmp")):
@@ -155,7 +156,7 @@ class ProfilerWindow:
 
     def _fail(self, e: BaseException) -> None:
         self.on_error("profiler", e)
-        self.reason = f"{type(e).__name__}: {e}"
+        self.reason = f"{type(e).__name__}: {safe_redact(str(e))}"
         self.state = "failed"
         prof, self.prof = self.prof, None
         if prof is not None:

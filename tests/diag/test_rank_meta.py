@@ -199,6 +199,20 @@ def test_the_collector_writes_no_secret_to_disk(tmp_path: Path) -> None:
     assert mine[0].error == f"RuntimeError: {m.exit.message}" and mine[0].traceback and REDACTED in mine[0].traceback
 
 
+def test_the_profiler_failure_reason_has_no_secret(tmp_path: Path) -> None:
+    """The profiler window's own failure text goes into meta.json as its status reason."""
+    from pardiag.collectors.config import CollectorConfig
+    from pardiag.collectors.profiler import ProfilerWindow
+
+    errors: list[str] = []
+    w = ProfilerWindow(CollectorConfig(), tmp_path / "trace.json", tmp_path / "trace.partial.json", False,
+                       lambda where, e: errors.append(where))
+    w._fail(RuntimeError(MESSAGE))
+    status = w.status()
+    assert status["status"] == "failed" and errors == ["profiler"]
+    assert status["reason"] == f"RuntimeError: bad config --api-key={REDACTED} TOKEN={REDACTED} in ~/proj/train.py"
+
+
 def test_the_collector_writes_the_placeholder_when_redaction_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from pardiag import rank_meta
 
