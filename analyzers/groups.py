@@ -28,12 +28,19 @@ DESC_ROLES = (
 )
 
 
+UNATTRIBUTED = "unknown: the traces do not name the group of each call"
+
+
+def _named_role(desc: str) -> str | None:
+    return next((role for pattern, role in DESC_ROLES if desc and pattern.search(desc)), None)
+
+
 def role_of(desc: str, ranks: Sequence[int], world: int, ops: Mapping[str, int], fsdp: bool = False) -> str:
     """`fsdp`: the job shards with FSDP (gloo has no reduce-scatter, so FSDP's gradient
     reduction shows as all-reduce there)."""
-    for pattern, role in DESC_ROLES:
-        if desc and pattern.search(desc):
-            return role
+    named = _named_role(desc)
+    if named:
+        return named
     names = " ".join(ops)
     if not ops:
         return "no traffic in the window"  # nothing says what it is for
@@ -68,6 +75,9 @@ def process_groups(
         ops[c.process_group][c.op] = ops[c.process_group].get(c.op, 0) + c.calls
         total[c.process_group] += c.total_us
         wait[c.process_group] += c.wait_us
+    # calls the traces do not name a group for (gloo's annotations): any configured group may
+    # have carried them, so one without named calls is not said to have had no traffic
+    unnamed = any(k.startswith("?") for k in ops)
     out = []
     for key in sorted(set(configs) | set(ops)):
         cfg = configs.get(key, {})
@@ -77,8 +87,9 @@ def process_groups(
             ProcessGroup(
                 name=name,
                 desc=cfg.get("desc") or desc,
-                role=role_of(cfg.get("desc") or desc, ranks or list(range(world)) if not cfg else ranks, world,
-                             ops.get(key, {}), fsdp),
+                role=(UNATTRIBUTED if unnamed and key not in ops and not _named_role(cfg.get("desc") or desc)
+                      else role_of(cfg.get("desc") or desc, ranks or list(range(world)) if not cfg else ranks, world,
+                                   ops.get(key, {}), fsdp)),
                 size=cfg.get("size") or (len(ranks) or None),
                 ranks=ranks,
                 ops=dict(sorted(ops.get(key, {}).items())),

@@ -213,3 +213,23 @@ def test_a_group_without_traffic_is_not_called_data_parallel() -> None:
     assert role_of("", [0, 1, 2, 3], 4, {"all_reduce": 3}) == "data-parallel"
     assert role_of("", [0, 1, 2, 3], 4, {"broadcast": 1}) == "all ranks"
     assert role_of("mesh_tp", [0, 1], 4, {}) == "tensor-parallel"  # named by PyTorch: its name says
+
+
+def test_groups_are_not_said_to_be_idle_when_the_calls_name_no_group() -> None:
+    """gloo's annotations name no process group: with two groups configured, the calls go
+    to "?", and neither configured group can be said to have had no traffic."""
+    from types import SimpleNamespace
+
+    from pardiag.analyzers.collectives import match
+    from pardiag.analyzers.groups import UNATTRIBUTED, process_groups
+
+    calls = [_call("all_reduce", 4_000_000, 100.0)]
+    matched = match({0: calls, 1: calls})
+    pg = [{"name": "0", "desc": "default_pg", "size": 2, "ranks": [0, 1]},
+          {"name": "1", "desc": "", "size": 2, "ranks": [0, 1]}]
+    traces = {0: SimpleNamespace(pg_config=pg), 1: SimpleNamespace(pg_config=pg)}
+    roles = {g.name: g.role for g in process_groups(traces, matched.collectives, 2)}
+    assert roles == {"0": UNATTRIBUTED, "1": UNATTRIBUTED, "?": "data-parallel"}
+    named = [dict(pg[1], desc="mesh_tp")]
+    roles = {g.name: g.role for g in process_groups({0: SimpleNamespace(pg_config=named)}, matched.collectives, 2)}
+    assert roles == {"1": "tensor-parallel", "?": "data-parallel"}  # PyTorch named it: its name says
