@@ -21,7 +21,8 @@ Thresholds and where they come from (see ../shared/reference/anchors.md):
 - sharding: device memory peak >= 90% of capacity (TensorBoard plugin rule 7), or model
   state (parameters + gradients + optimizer state) >= 60% of it.
 - batch_size: peak memory <= 50% of capacity and GPU busy < 50% (TensorBoard plugin rule 5).
-- sync_points: >= 2 host-device synchronisations per step (Nsight Systems cuda_api_sync).
+- sync_points: >= 2 host-device synchronisations per step (Nsight Systems cuda_api_sync): runtime
+  calls that wait, and value reads (.item(), nonzero) with a device copy or wait inside them.
 - host_overhead: GPU idle >= 20% with median compute kernels under 20 us (launch-bound).
 - ddp_find_unused (an extension of DESIGN.md's vocabulary): DDP ran with
   find_unused_parameters=True (no static graph) and every rank's DDP recorded no unused
@@ -738,22 +739,27 @@ def batch_size(ctx: RuleContext) -> list[Finding]:
 
 
 def sync_points(ctx: RuleContext) -> list[Finding]:
+    """Host-device synchronisations: runtime calls that wait by themselves plus value
+    reads (.item(), nonzero) that copied from the device (`op_stats`). A read of a CPU
+    tensor (an optimizer's step counter, DDP's map of used parameters) waits for nothing
+    and is only reported beside them. An analysis without the split counts no read."""
     if not ctx.on_gpu:
         return []
-    calls = steps = left_out = 0
-    reducer = _reducer_item_reads(ctx)
+    syncs = reads = host = steps = 0
     for r in ctx.ranks:
-        items = int(r.ops.get("item_calls") or 0)
-        skip = min(items, reducer * r.steps_profiled)
-        calls += int(r.ops.get("sync_calls") or 0) + items - skip
-        left_out += skip
+        syncs += int(r.ops.get("sync_calls") or 0)
+        reads += int(r.ops.get("item_device_reads") or 0)
+        host += int(r.ops.get("item_host_reads") or 0)
         steps += r.steps_profiled
+    calls = syncs + reads
     per_step = calls / steps if steps else 0.0
     if per_step < 2:
         return []
-    evidence = [f"{calls} synchronising calls (cudaStreamSynchronize, cudaMemcpy, .item(), nonzero) in {steps} rank-steps"]
-    if left_out:
-        evidence.append(f"{left_out} .item() reads of DDP's used-parameter map left out (CPU memory: no GPU wait)")
+    evidence = [f"{calls} host-device synchronisations in {steps} rank-steps: {syncs} runtime calls that wait "
+                f"(cudaStreamSynchronize, cudaMemcpy, ...) and {reads} value reads (.item(), nonzero) that copied "
+                "from the device"]
+    if host:
+        evidence.append(f"{host} .item()/nonzero reads of CPU tensors left out (host memory: no GPU wait)")
     return [Finding(
         lever="sync_points", severity="medium" if per_step >= 10 else "low",
         title=f"{per_step:.0f} host-GPU synchronisations per step stall the launch queue",
@@ -769,18 +775,6 @@ def _find_unused_modules(ctx: RuleContext) -> list[dict[str, Any]]:
     without a static graph, which skips the search after its first iteration)."""
     return [d for d in ctx.framework.ddp or []
             if isinstance(d, dict) and d.get("find_unused_parameters") and not d.get("static_graph")]
-
-
-def _reducer_item_reads(ctx: RuleContext) -> int:
-    """Operators per step with which DDP's reducer reads its map of used parameters under
-    find_unused_parameters: one `.item()` per parameter tensor (counted once, as its
-    aten::_local_scalar_dense). The map is in CPU memory, so they never wait for the GPU."""
-    n = 0
-    for d in _find_unused_modules(ctx):
-        t = (d.get("logging") or {}).get("num_parameter_tensors")
-        if isinstance(t, int) and not isinstance(t, bool):
-            n += t
-    return n
 
 
 FIND_UNUSED_ON = {

@@ -104,9 +104,10 @@ def test_what_if_multiplies_independent_savings() -> None:
 
 
 def test_sync_points_and_host_overhead() -> None:
-    ops = {"sync_calls": 30, "item_calls": 10, "compute_kernel_p50_us": 8.0}
+    ops = {"sync_calls": 30, "item_calls": 10, "item_device_reads": 10, "item_host_reads": 0,
+           "compute_kernel_p50_us": 8.0}
     f = levers(analysis([rank(0, steps=4, compute=0.5, ops=ops)]))
-    assert f["sync_points"].title.startswith("10 host-GPU synchronisations per step")
+    assert f["sync_points"].title.startswith("10 host-GPU synchronisations per step")  # (30 + 10) / 4
     # idle 50% with 8 us kernels: half of the idle time -> 25%
     assert f["host_overhead"].est_saving_pct == 25.0 and f["host_overhead"].severity == "high"
     calm = {"sync_calls": 1, "compute_kernel_p50_us": 200.0}
