@@ -543,6 +543,19 @@ def comm_overlap(ctx: RuleContext) -> list[Finding]:
     )]
 
 
+BF16_CAPABILITY = (8, 0)  # Ampere: the first GPUs with bf16 tensor cores
+
+
+def capability(text: Any) -> tuple[int, ...] | None:
+    """A CUDA compute capability ("8.0", "10.0", "12.1") as numbers, so that Blackwell's
+    10.0 compares above Ampere's 8.0 (as text it sorts below it); None when unreadable."""
+    try:
+        parts = tuple(int(p) for p in str(text).strip().split("."))
+    except ValueError:
+        return None
+    return parts if text is not None and 1 <= len(parts) <= 2 else None
+
+
 CPU_BF16_SPEEDUP = 2.0  # AMX bf16 GEMMs measured 3.6x fp32 on one core; half of it for whole layers
 
 
@@ -563,8 +576,8 @@ def mixed_precision(ctx: RuleContext) -> list[Finding]:
     if share < 0.10:
         return []
     saving = sum(v / window * (1 - 1 / PRECISION_SPEEDUP[k]) for k, v in slow.items())
-    cap = (ctx.framework.device or {}).get("capability") or ""
-    dtype = "torch.bfloat16" if cap and cap >= "8" else "torch.float16"
+    cap = capability((ctx.framework.device or {}).get("capability"))
+    dtype = "torch.bfloat16" if cap is not None and cap >= BF16_CAPABILITY else "torch.float16"
     code = (f"with torch.autocast(device_type='cuda', dtype={dtype}):\n    loss = loss_fn(model(batch))\nloss.backward()")
     if dtype == "torch.float16":
         code = ("scaler = torch.amp.GradScaler()\nwith torch.autocast(device_type='cuda', dtype=torch.float16):\n"

@@ -63,6 +63,22 @@ def test_mixed_precision_on_gpu_only_without_autocast() -> None:
     assert "GradScaler" in levers(analysis([rank(0, compute=0.8, ops=ops)], volta))["mixed_precision"].action["code"]
 
 
+@pytest.mark.parametrize("cap, half", [
+    ("7.0", "fp16"), ("7.5", "fp16"), ("8.0", "bf16"), ("8.9", "bf16"), ("9.0", "bf16"),
+    ("10.0", "bf16"), ("12.0", "bf16"), ("12.1", "bf16"), (None, "fp16"), ("", "fp16"), ("sm_x", "fp16"),
+])
+def test_mixed_precision_compares_the_capability_as_numbers(cap: str | None, half: str) -> None:
+    """bf16 from compute capability 8.0 on: Blackwell's "10.0" and "12.0" sort below "8" as
+    text and used to get fp16 with a GradScaler; unreadable or missing stays fp16."""
+    from pardiag.analyzers.levers import capability
+
+    ops = {"gemm_us": {"fp32": 20_000.0}}
+    fw = {"amp": {"autocast": {}}, "device": {"capability": cap}}
+    code = levers(analysis([rank(0, compute=0.8, ops=ops)], fw))["mixed_precision"].action["code"]
+    assert ("torch.bfloat16" in code) == (half == "bf16") and ("GradScaler" in code) == (half == "fp16")
+    assert capability("10.0") == (10, 0) > capability("8.6") == (8, 6) > capability("7") == (7,)
+
+
 def test_straggler_saving_is_the_others_wait() -> None:
     s = Straggler(rank=3, excess_us_per_step=40_000.0, cause="dataloader", evidence=["e"], held_us_per_step=25_000.0)
     f = levers(analysis([rank(i, compute=0.8) for i in range(4)], stragglers=[s]))["straggler"]
