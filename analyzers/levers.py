@@ -361,27 +361,40 @@ def dataloader(ctx: RuleContext) -> list[Finding]:
     # loading in parallel the wait disappears once w * step >= load time
     need = max(2, math.ceil(share / max(1e-6, 1 - share)) + 1) if workers == 0 else workers * 2
     proposal = min(need, per_rank_cpus) if per_rank_cpus > 1 else need
+    # an advice never goes backwards: with every CPU of the rank already given to workers,
+    # more would only share the same CPUs, and fewer would load slower
+    proposal = max(proposal, workers)
     kw: dict[str, Any] = {"num_workers": proposal, "persistent_workers": True, "prefetch_factor": 2}
     if ctx.on_gpu and not cur.get("pin_memory"):
         kw["pin_memory"] = True
     hf = {f"dataloader_{k}": v for k, v in kw.items()}
     forms = {"transformers": _hf(**hf)}
     forms.update({name: _loader_form(where, kw) for name, where in LOADER_PLACE.items()})
+    action: dict[str, Any] = {
+        "code": f"DataLoader(dataset, batch_size=..., {', '.join(f'{k}={_lit(v)}' for k, v in kw.items())})",
+        "doc": DOCS["dataloader"],
+        "assumption": "workers load batches while the GPU/CPU computes; 90% of the wait hidden"}
+    saving: float | None = share * 0.9
+    severity = _sev(share, 0.05, 0.20)
+    cpu_bound = workers > 0 and proposal == workers
+    if cpu_bound:  # no worker to add: the same workers cannot be assumed to hide more
+        saving = None
+        severity = "medium" if severity == "high" else severity
+        action["assumption"] = "no saving estimated: the rank has no CPU left for another worker"
+        action["text"] = (f"each rank's {per_rank_cpus} CPU{'s' if per_rank_cpus != 1 else ''} already run "
+                          f"{workers} workers: make a batch cheaper to load (decode or augment once, offline; "
+                          "lighter transforms), or give each rank more CPUs")
     return [Finding(
         lever="dataloader",
-        severity=_sev(share, 0.05, 0.20),
+        severity=severity,
         title=f"{share:.0%} of each step waits for input" + (f" (DataLoader num_workers={workers})" if cur else ""),
         evidence=[f"DataLoader wait {share:.1%} of the step ({source})"] + (
             [f"DataLoader: num_workers={workers}, pin_memory={cur.get('pin_memory')}, "
              f"persistent_workers={cur.get('persistent_workers')}, batch_size={cur.get('batch_size')}"] if cur else []
         ),
         ranks=[r.rank for r in ctx.analysis.ranks],
-        est_saving_pct=_pct(share * 0.9),
-        action=in_framework(ctx, {
-            "code": f"DataLoader(dataset, batch_size=..., {', '.join(f'{k}={_lit(v)}' for k, v in kw.items())})",
-            "doc": DOCS["dataloader"],
-            "assumption": "workers load batches while the GPU/CPU computes; 90% of the wait hidden"},
-            forms, [_set(TORCH_LOADER, **kw)]),
+        est_saving_pct=_pct(saving) if saving is not None else None,
+        action=in_framework(ctx, action, forms, [_set(TORCH_LOADER, **kw)]),
     )]
 
 

@@ -50,6 +50,38 @@ def test_dataloader_from_all_steps() -> None:
     assert "dataloader" not in levers(quiet)
 
 
+def _loader_advice(workers: int, cpus: int, local_ranks: int, name: str | None = None) -> Any:
+    host = {"step": 100_000.0, "dataloader": 30_000.0}
+    fw: dict[str, Any] = {"dataloaders": [{"num_workers": workers, "pin_memory": True, "persistent_workers": True,
+                                           "batch_size": 32}], "threads": {"sched_affinity": cpus}}
+    if name:
+        fw.update(name=name, loaded={})
+    return levers(analysis([rank(i, compute=0.7, host=host) for i in range(local_ranks)], fw))["dataloader"]
+
+
+@pytest.mark.parametrize("name, key", [(None, "num_workers"), ("transformers", "dataloader_num_workers")])
+def test_dataloader_advice_never_lowers_the_workers(name: str | None, key: str) -> None:
+    """Whatever the job has and whatever CPUs each rank gets, no setting proposes fewer
+    workers than the job already runs."""
+    for workers in (0, 1, 2, 4, 8, 16, 32):
+        for cpus in (1, 4, 16, 64):
+            for local in (1, 4, 8):
+                f = _loader_advice(workers, cpus, local, name)
+                proposed = [st["kwargs"][key] for st in f.action["settings"] if key in st["kwargs"]]
+                assert proposed and min(proposed) >= workers, (workers, cpus, local, proposed)
+
+
+def test_dataloader_with_every_cpu_already_a_worker() -> None:
+    # 16 workers, 16 CPUs shared by 4 ranks on the host: 4 per rank, no room for more. The
+    # advice keeps 16 (it used to say 4) and claims no saving; 30% wait is medium, not high
+    f = _loader_advice(16, 16, 4)
+    assert "num_workers=16" in f.action["code"] and f.est_saving_pct is None and f.severity == "medium"
+    assert "4 CPUs already run 16 workers" in f.action["text"]
+    # 2 workers with 16 CPUs for one rank: twice as many, 90% of the 30% wait hidden
+    f = _loader_advice(2, 16, 1)
+    assert "num_workers=4" in f.action["code"] and f.est_saving_pct == 27.0 and f.severity == "high"
+
+
 def test_mixed_precision_on_gpu_only_without_autocast() -> None:
     ops = {"gemm_us": {"fp32": 20_000.0, "tf32": 30_000.0, "bf16": 5_000.0}}
     fw = {"amp": {"autocast": {}}, "device": {"capability": "8.0"}}
