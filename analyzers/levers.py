@@ -9,21 +9,12 @@ finding; a lever the job already uses, or a healthy run, gets no finding. The
 job-level figures (the median step, exposed communication with and without waiting,
 the breakdown's shares) are the Analysis' `summary`, the ones every report shows.
 
-Thresholds and where they come from (see ../shared/reference/anchors.md):
-- dataloader: input wait >= 5% of the step (TensorBoard plugin rule 1; XProf: moderate
-  at 5%, high at 20%).
-- gradient_accumulation / ddp_bucket_size / comm_overlap: exposed communication >= 10%
-  of the step (TensorBoard plugin rule 4); high at 20%. Waiting for other ranks inside a
-  collective is left out: that is imbalance (the straggler lever), not transfer cost.
-- straggler: see stragglers.py; severity as TraceML (warn 10%, critical 20%).
-- mixed_precision: fp32/TF32 GEMM time >= 10% of the step on a GPU with tensor cores
-  (TensorBoard plugin rule 6 fires on any eligible time; 10% keeps small gains quiet).
-- sharding: device memory peak >= 90% of capacity (TensorBoard plugin rule 7), or model
-  state (parameters + gradients + optimizer state) >= 60% of it.
-- batch_size: peak memory <= 50% of capacity and GPU busy < 50% (TensorBoard plugin rule 5).
-- sync_points: >= 2 host-device synchronisations per step (Nsight Systems cuda_api_sync): runtime
-  calls that wait, and value reads (.item(), nonzero) with a device copy or wait inside them.
-- host_overhead: GPU idle >= 20% with median compute kernels under 20 us (launch-bound).
+Thresholds: each rule's docstring states them, with where they come from (see
+../shared/reference/anchors.md), and each is a named constant before the rule
+(`DATALOADER_MIN`, `COMM_OVERLAP_HIGH`, ...). Exposed communication leaves out the time
+ranks waited for each other inside a collective: that is imbalance (the straggler
+lever), not transfer cost. straggler: see stragglers.py; severity as TraceML (warn
+10%, critical 20%).
 - ddp_find_unused (an extension of DESIGN.md's vocabulary): DDP ran with
   find_unused_parameters=True (no static graph) and every rank's DDP recorded no unused
   parameter. Low severity and no estimated saving: what the search costs is not
@@ -342,7 +333,16 @@ def straggler(ctx: RuleContext) -> list[Finding]:
     )]
 
 
+DATALOADER_MIN = 0.05  # input wait, share of the step
+DATALOADER_HIGH = 0.20
+DATALOADER_HIDDEN = 0.9  # share of the wait more workers hide
+
+
 def dataloader(ctx: RuleContext) -> list[Finding]:
+    """Input wait >= 5% of the step (TensorBoard plugin rule 1; XProf: moderate at 5%),
+    high at 20%; the median over all steps of steps.jsonl, else the profiled window's
+    share. More workers (up to the CPUs of the rank, never fewer than now) are assumed to
+    hide 90% of the wait; a rank with no CPU left for another worker gets no saving."""
     shares = []
     for r in ctx.analysis.ranks:
         hp = r.host_phases_us
@@ -350,7 +350,7 @@ def dataloader(ctx: RuleContext) -> list[Finding]:
             shares.append(hp.get("dataloader", 0.0) / hp["step"])
     share = sum(shares) / len(shares) if shares else ctx.share("dataloader")
     source = "median over all steps (steps.jsonl)" if shares else "share of the profiled window"
-    if share < 0.05:
+    if share < DATALOADER_MIN:
         return []
     loaders = ctx.framework.dataloaders or []
     cur = loaders[0] if loaders else {}
@@ -373,9 +373,9 @@ def dataloader(ctx: RuleContext) -> list[Finding]:
     action: dict[str, Any] = {
         "code": f"DataLoader(dataset, batch_size=..., {', '.join(f'{k}={_lit(v)}' for k, v in kw.items())})",
         "doc": DOCS["dataloader"],
-        "assumption": "workers load batches while the GPU/CPU computes; 90% of the wait hidden"}
-    saving: float | None = share * 0.9
-    severity = _sev(share, 0.05, 0.20)
+        "assumption": f"workers load batches while the GPU/CPU computes; {DATALOADER_HIDDEN:.0%} of the wait hidden"}
+    saving: float | None = share * DATALOADER_HIDDEN
+    severity = _sev(share, DATALOADER_MIN, DATALOADER_HIGH)
     cpu_bound = workers > 0 and proposal == workers
     if cpu_bound:  # no worker to add: the same workers cannot be assumed to hide more
         saving = None
@@ -403,12 +403,20 @@ def _local_ranks(ctx: RuleContext) -> int:
     return max(1, len(ctx.analysis.ranks) // max(1, len(hosts)))
 
 
+GRADIENT_ACCUMULATION_MIN = 0.10  # exposed communication, share of the step
+GRADIENT_ACCUMULATION_HIGH = 0.20
+GRADIENT_ACCUMULATION_STEPS = 4  # micro-batches per optimizer step proposed
+
+
 def gradient_accumulation(ctx: RuleContext) -> list[Finding]:
+    """Exposed communication >= 10% of the step (TensorBoard plugin rule 4) under DDP with
+    one backward per optimizer step, high at 20%. Accumulating 4 micro-batches pays the
+    exposed communication once per 4 (a saving of 3/4 of it) and changes the global batch."""
     exposed = ctx.exposed_transfer()
     acc = ctx.framework.grad_accumulation or {}
-    if exposed < 0.10 or not ctx.ddp or (acc.get("backwards_per_step") or 1) > 1:
+    if exposed < GRADIENT_ACCUMULATION_MIN or not ctx.ddp or (acc.get("backwards_per_step") or 1) > 1:
         return []
-    k = 4
+    k = GRADIENT_ACCUMULATION_STEPS
     saving = exposed * (1 - 1 / k)
     batch = batch_change(ctx, k)
     grows = (f" (global batch {batch['global_batch_before']} -> {batch['global_batch_after']})"
@@ -438,7 +446,7 @@ def gradient_accumulation(ctx: RuleContext) -> list[Finding]:
     }
     return [Finding(
         lever="gradient_accumulation",
-        severity=_sev(exposed, 0.10, 0.20),
+        severity=_sev(exposed, GRADIENT_ACCUMULATION_MIN, GRADIENT_ACCUMULATION_HIGH),
         title=f"communication not hidden by compute takes {exposed:.0%} of the step; accumulate {k} micro-batches "
               f"per sync{grows}",
         evidence=[ctx.exposed_words(),
@@ -460,10 +468,28 @@ def gradient_accumulation(ctx: RuleContext) -> list[Finding]:
     )]
 
 
+DDP_BUCKET_SIZE_MIN = 0.05  # exposed communication, share of the step
+DDP_BUCKET_SIZE_MEDIUM = 0.10  # TensorBoard plugin rule 4; also where a bf16 hook is offered
+DDP_BUCKET_SIZE_HIGH = 0.20
+DDP_BUCKET_SIZE_SPLIT = 4  # one bucket: a cap of a quarter of it
+DDP_BUCKET_SIZE_OVERLAP = 0.5  # ... lets this share of the exposed all-reduce overlap backward
+DDP_BUCKET_SIZE_SMALL_BYTES = 2**20  # mean all-reduce under this: latency-bound
+DDP_BUCKET_SIZE_MANY = 8  # ... with more buckets than this
+DDP_BUCKET_SIZE_GROW = 4  # ... a cap this many times larger
+DDP_BUCKET_SIZE_MAX_CAP_MB = 100.0
+DDP_BUCKET_SIZE_FEWER_CALLS = 0.25  # ... removes this share of the exposed time
+
+
 def ddp_bucket_size(ctx: RuleContext) -> list[Finding]:
+    """Exposed communication >= 5% of the step under DDP whose buckets hide it badly: low
+    under 10%, medium from 10% (TensorBoard plugin rule 4), high at 20%. One bucket over
+    1 MB: a cap of a 1/4 of it is assumed to let 50% of the exposed all-reduce overlap the
+    backward pass (at most 50% of the compute). More than 8 buckets with all-reduces
+    under 1 MB on average: a cap 4x larger (at most 100 MB) is assumed to remove 25% of
+    the exposed time. From 10% a bf16 compression hook is offered too."""
     d = ctx.ddp
     exposed = ctx.exposed_transfer()
-    if not d or exposed < 0.05:
+    if not d or exposed < DDP_BUCKET_SIZE_MIN:
         return []
     sizes = d.get("bucket_sizes_bytes") or []
     total = sum(sizes)
@@ -472,14 +498,19 @@ def ddp_bucket_size(ctx: RuleContext) -> list[Finding]:
     mean_bytes = sum(c.bytes for c in ar) / sum(c.calls for c in ar) if ar and any(c.bytes for c in ar) else None
     evidence = [ctx.exposed_words(),
                 f"bucket_cap_mb={cap:g}: {len(sizes)} bucket(s) of {', '.join(f'{b / 2**20:.1f}' for b in sizes)} MB"]
-    if len(sizes) == 1 and total > 2**20:  # at most 1 MB: a 1 MB cap would not split it
-        new_cap = max(1.0, round(total / 4 / 2**20, 1))
+    if len(sizes) == 1 and total > DDP_BUCKET_SIZE_SMALL_BYTES:  # at most 1 MB: a 1 MB cap would not split it
+        new_cap = max(1.0, round(total / DDP_BUCKET_SIZE_SPLIT / 2**20, 1))
         why = "one bucket: its all-reduce can only start after the whole backward pass"
-        saving = min(exposed * 0.5, ctx.share("compute") * 0.5)
-    elif mean_bytes is not None and mean_bytes < 1 << 20 and len(sizes) > 8:
-        new_cap = min(100.0, cap * 4)
+        saving = min(exposed, ctx.share("compute")) * DDP_BUCKET_SIZE_OVERLAP
+        assumption = (f"{DDP_BUCKET_SIZE_OVERLAP:.0%} of the exposed all-reduce overlaps the remaining backward pass "
+                      "(at most that share of the compute)")
+    elif (mean_bytes is not None and mean_bytes < DDP_BUCKET_SIZE_SMALL_BYTES
+          and len(sizes) > DDP_BUCKET_SIZE_MANY):
+        new_cap = min(DDP_BUCKET_SIZE_MAX_CAP_MB, cap * DDP_BUCKET_SIZE_GROW)
         why = f"many small all-reduces (mean {mean_bytes / 2**10:.0f} KB): latency-bound"
-        saving = exposed * 0.25
+        saving = exposed * DDP_BUCKET_SIZE_FEWER_CALLS
+        assumption = (f"{DDP_BUCKET_SIZE_GROW}x fewer, larger all-reduces remove {DDP_BUCKET_SIZE_FEWER_CALLS:.0%} "
+                      "of the exposed communication (their per-call latency)")
         evidence.append(f"{sum(c.calls for c in ar)} all-reduces in the window, mean {mean_bytes / 2**10:.0f} KB")
     else:
         return []
@@ -489,7 +520,7 @@ def ddp_bucket_size(ctx: RuleContext) -> list[Finding]:
     static = not d.get("static_graph") and not d.get("find_unused_parameters")
     if static:
         kw["static_graph"] = True
-    hook = not d.get("comm_hook") and exposed >= 0.10
+    hook = not d.get("comm_hook") and exposed >= DDP_BUCKET_SIZE_MEDIUM
     code = f"model = DistributedDataParallel(model, {', '.join(f'{k}={_lit(v)}' for k, v in kw.items())})"
     if hook:
         code += ("\n# and send gradients in bf16 (half the bytes):\n"
@@ -519,21 +550,29 @@ def ddp_bucket_size(ctx: RuleContext) -> list[Finding]:
     }
     return [Finding(
         lever="ddp_bucket_size",
-        severity=_sev(exposed, 0.10, 0.20),
+        severity=_sev(exposed, DDP_BUCKET_SIZE_MEDIUM, DDP_BUCKET_SIZE_HIGH),
         title=f"DDP buckets: {why}; try bucket_cap_mb={new_cap:.3g}",
         evidence=evidence,
         ranks=[r.rank for r in ctx.ranks],
         est_saving_pct=_pct(saving),
-        action=in_framework(ctx, {"code": code, "doc": DOCS["ddp"],
-                                  "assumption": "half of the exposed all-reduce overlaps the remaining backward pass"},
+        action=in_framework(ctx, {"code": code, "doc": DOCS["ddp"], "assumption": assumption},
                             forms, [_set(TORCH_DDP, **kw)]),
     )]
 
 
+COMM_OVERLAP_MIN = 0.10  # exposed communication, share of the step
+COMM_OVERLAP_HIGH = 0.20
+COMM_OVERLAP_HIDDEN = 0.5  # share of the exposed time assumed hidden under compute
+
+
 def comm_overlap(ctx: RuleContext) -> list[Finding]:
+    """Exposed communication >= 10% of the step (TensorBoard plugin rule 4), no more of it
+    hidden than exposed, and no DDP (whose overlap is its buckets); high at 20%. Starting
+    collectives early (async_op, FSDP prefetch) is assumed to hide 50% of the exposed time,
+    at most 50% of the compute it can hide under."""
     exposed = ctx.exposed_transfer()
     hidden = ctx.share("comm_overlapped")
-    if exposed < 0.10 or hidden > exposed or ctx.ddp:
+    if exposed < COMM_OVERLAP_MIN or hidden > exposed or ctx.ddp:
         return []  # DDP overlap is tuned through its buckets
     fsdp = ctx.framework.fsdp
     if fsdp:
@@ -547,12 +586,13 @@ def comm_overlap(ctx: RuleContext) -> list[Finding]:
         doc = DOCS["sync"]
     return [Finding(
         lever="comm_overlap",
-        severity=_sev(exposed, 0.10, 0.20),
+        severity=_sev(exposed, COMM_OVERLAP_MIN, COMM_OVERLAP_HIGH),
         title=f"{exposed:.0%} of the step is communication that nothing overlaps",
         evidence=[ctx.exposed_words(), f"communication hidden under compute {hidden:.1%} of the profiled time"],
         ranks=[r.rank for r in ctx.ranks],
-        est_saving_pct=_pct(min(exposed, ctx.share("compute")) * 0.5),
-        action={"code": code, "doc": doc, "assumption": "half of the exposed communication hidden under compute"},
+        est_saving_pct=_pct(min(exposed, ctx.share("compute")) * COMM_OVERLAP_HIDDEN),
+        action={"code": code, "doc": doc,
+                "assumption": f"{COMM_OVERLAP_HIDDEN:.0%} of the exposed communication hidden under compute"},
     )]
 
 
@@ -570,9 +610,16 @@ def capability(text: Any) -> tuple[int, ...] | None:
 
 
 CPU_BF16_SPEEDUP = 2.0  # AMX bf16 GEMMs measured 3.6x fp32 on one core; half of it for whole layers
+MIXED_PRECISION_MIN = 0.10  # fp32/TF32 matrix multiplies, share of the profiled time
+MIXED_PRECISION_HIGH = 0.30
 
 
 def mixed_precision(ctx: RuleContext) -> list[Finding]:
+    """fp32/TF32 GEMM kernels >= 10% of the profiled time on a GPU without autocast
+    (TensorBoard plugin rule 6 fires on any; 10% keeps small gains quiet), high at 30%;
+    fp32 GEMMs are assumed 4x and TF32 1.5x faster in bf16/fp16 (half the peak ratios).
+    bf16 from compute capability 8.0, fp16 with a GradScaler before it. On a CPU with
+    bf16 matrix units: matmul operators >= 10%, high at 30%, assumed 2x faster."""
     amp = ctx.framework.amp or {}
     if amp.get("autocast"):
         return []
@@ -586,7 +633,7 @@ def mixed_precision(ctx: RuleContext) -> list[Finding]:
             gemm[k] = gemm.get(k, 0.0) + v
     slow = {k: v for k, v in gemm.items() if k in ("fp32", "tf32")}
     share = sum(slow.values()) / window if window else 0.0
-    if share < 0.10:
+    if share < MIXED_PRECISION_MIN:
         return []
     saving = sum(v / window * (1 - 1 / PRECISION_SPEEDUP[k]) for k, v in slow.items())
     cap = capability((ctx.framework.device or {}).get("capability"))
@@ -598,14 +645,15 @@ def mixed_precision(ctx: RuleContext) -> list[Finding]:
     forms = _precision_forms(ctx, "bf16" if dtype == "torch.bfloat16" else "fp16")
     return [Finding(
         lever="mixed_precision",
-        severity=_sev(share, 0.10, 0.30),
+        severity=_sev(share, MIXED_PRECISION_MIN, MIXED_PRECISION_HIGH),
         title=f"{share:.0%} of the step runs fp32/TF32 matrix multiplies without autocast",
         evidence=["GEMM kernel time by precision: " + ", ".join(f"{k} {v / 1000:.1f} ms" for k, v in sorted(gemm.items())),
                   "no autocast seen in forward"],
         ranks=[r.rank for r in ctx.ranks],
         est_saving_pct=_pct(saving),
         action=in_framework(ctx, {"code": code, "doc": DOCS["amp"],
-                                  "assumption": "fp32 GEMMs run 4x and TF32 GEMMs 1.5x faster in bf16/fp16 "
+                                  "assumption": f"fp32 GEMMs run {PRECISION_SPEEDUP['fp32']:g}x and TF32 GEMMs "
+                                                f"{PRECISION_SPEEDUP['tf32']:g}x faster in bf16/fp16 "
                                                 "(half the peak ratios)"}, forms),
     )]
 
@@ -631,11 +679,11 @@ def _cpu_mixed_precision(ctx: RuleContext) -> list[Finding]:
     window = sum(r.window_us for r in ctx.ranks)
     gemm = sum(float(r.ops.get("cpu_gemm_us") or 0.0) for r in ctx.ranks)
     share = gemm / window if window else 0.0
-    if share < 0.10:
+    if share < MIXED_PRECISION_MIN:
         return []
     return [Finding(
         lever="mixed_precision",
-        severity=_sev(share, 0.10, 0.30),
+        severity=_sev(share, MIXED_PRECISION_MIN, MIXED_PRECISION_HIGH),
         title=f"{share:.0%} of the step is fp32 matrix multiplies on a CPU with bf16 matrix units",
         evidence=[f"matmul/conv operators {gemm / 1000:.1f} ms of {window / 1000:.1f} ms profiled (all ranks)",
                   f"CPU has {'AMX' if dev.get('amx') else 'AVX512-BF16'}; parameters are float32; no autocast seen"],
@@ -648,7 +696,20 @@ def _cpu_mixed_precision(ctx: RuleContext) -> list[Finding]:
     )]
 
 
+SHARDING_PEAK = 0.90  # device memory peak, share of capacity
+SHARDING_STATE = 0.60  # this rank's model state, share of capacity; also what a stage must fit under
+SHARDING_UNSHARDED = 0.25  # under FSDP: the unsharded state under this share, ...
+SHARDING_EXPOSED = 0.10  # ... with exposed communication from this share of the step
+
+
 def sharding(ctx: RuleContext) -> list[Finding]:
+    """Device memory peak >= 90% of capacity (TensorBoard plugin rule 7) or this rank's
+    model state (parameters + gradients + optimizer state) >= 60% of it: the smallest ZeRO
+    stage that brings the state under 60%; high from a 90% peak (the next larger batch
+    runs out of memory; it decides what else can change), medium otherwise. Under FSDP, a
+    whole model state under 25% of the device with exposed communication >= 10% of the
+    step: DDP instead (medium). No saving is estimated: the gain is what the freed memory
+    is used for."""
     dev = ctx.framework.device or {}
     total = dev.get("memory_budget_bytes") or dev.get("total_memory_bytes")
     params = (ctx.framework.parameters or {}).get("local_bytes") or 0
@@ -663,11 +724,11 @@ def sharding(ctx: RuleContext) -> list[Finding]:
         "host memory share" if dev.get("memory_is_host_share") and not dev.get("memory_budget_bytes") else "device")
     ev = [f"model state {state / gb:.2f} GB per rank (parameters {params / gb:.2f}, gradients {params / gb:.2f}, "
           f"optimizer {opt / gb:.2f}) on {where} of {total / gb:.1f} GB; peak {peak / gb:.2f} GB"]
-    if ctx.framework.fsdp and state * n < 0.25 * total and ctx.exposed_transfer() >= 0.10:
+    if ctx.framework.fsdp and state * n < SHARDING_UNSHARDED * total and ctx.exposed_transfer() >= SHARDING_EXPOSED:
         return [Finding(
             lever="sharding", severity="medium",
             title="the whole model state fits one device: DDP would avoid FSDP's all-gathers",
-            evidence=ev + [f"unsharded model state {state * n / gb:.2f} GB is under 25% of the device",
+            evidence=ev + [f"unsharded model state {state * n / gb:.2f} GB is under {SHARDING_UNSHARDED:.0%} of the device",
                            ctx.exposed_words()],
             ranks=[], est_saving_pct=None,
             action=in_framework(ctx, {"code": "model = DistributedDataParallel(model)  # instead of fully_shard(model)",
@@ -680,15 +741,15 @@ def sharding(ctx: RuleContext) -> list[Finding]:
                                    "config): accelerator.prepare then wraps the model in DistributedDataParallel"),
             }),
         )]
-    if ctx.framework.fsdp or (peak < 0.90 * total and state < 0.60 * total):
+    if ctx.framework.fsdp or (peak < SHARDING_PEAK * total and state < SHARDING_STATE * total):
         return []
-    if opt >= params and 2 * params + opt / n < 0.6 * total:
+    if opt >= params and 2 * params + opt / n < SHARDING_STATE * total:
         stage, code = "ZeRO-1 (shard the optimizer state)", "# torch: ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW)"
         after, zero = 2 * params + opt / n, 1
-    elif params + (params + opt) / n < 0.6 * total:
+    elif params + (params + opt) / n < SHARDING_STATE * total:
         stage, code = "ZeRO-2 (shard gradients and optimizer state)", "# DeepSpeed: zero_optimization.stage = 2"
         after, zero = params + (params + opt) / n, 2
-    elif state / n < 0.6 * total:
+    elif state / n < SHARDING_STATE * total:
         stage, code = "FSDP / ZeRO-3 (shard parameters too)", "for block in model.blocks:\n    fully_shard(block)\nfully_shard(model)"
         after, zero = state / n, 3
     else:
@@ -699,7 +760,7 @@ def sharding(ctx: RuleContext) -> list[Finding]:
             ranks=[], est_saving_pct=None, action={"doc": DOCS["fsdp"], "text": "split layers across devices (tensor/pipeline parallel)"},
         )]
     return [Finding(
-        lever="sharding", severity="high" if peak >= 0.9 * total else "medium",
+        lever="sharding", severity="high" if peak >= SHARDING_PEAK * total else "medium",
         title=f"device memory is the limit: {stage} frees room for larger batches",
         evidence=ev + [f"after sharding over {n} ranks: about {after / gb:.2f} GB of model state per rank"],
         ranks=[], est_saving_pct=None,
@@ -737,14 +798,21 @@ def _sharding_forms(ctx: RuleContext, zero: int) -> dict[str, Form]:
     return forms
 
 
+BATCH_SIZE_PEAK = 0.5  # peak memory reserved at most this share of capacity, ...
+BATCH_SIZE_BUSY = 0.5  # ... and the GPU busy under this share of the profiled time
+
+
 def batch_size(ctx: RuleContext) -> list[Finding]:
+    """Peak memory reserved <= 50% of the device and the GPU busy < 50% of the profiled
+    time (TensorBoard plugin rule 5): a batch twice as large. Medium with no saving
+    estimated: how much throughput per sample improves depends on the model."""
     dev = ctx.framework.device or {}
     total = dev.get("total_memory_bytes")
     peak = ctx.framework.peak_memory_reserved_bytes_max or 0
     if not ctx.on_gpu or not total or not peak:
         return []
     busy = 1 - ctx.share("idle") - ctx.share("dataloader")
-    if peak > 0.5 * total or busy >= 0.5:
+    if peak > BATCH_SIZE_PEAK * total or busy >= BATCH_SIZE_BUSY:
         return []
     loaders = ctx.framework.dataloaders or []
     bs = (loader_batch(loaders[0]) if loaders and isinstance(loaders[0], dict) else None) or "B"
@@ -764,11 +832,17 @@ def batch_size(ctx: RuleContext) -> list[Finding]:
     )]
 
 
+SYNC_POINTS_MIN = 2  # host-device synchronisations per rank-step
+SYNC_POINTS_MEDIUM = 10
+
+
 def sync_points(ctx: RuleContext) -> list[Finding]:
-    """Host-device synchronisations: runtime calls that wait by themselves plus value
-    reads (.item(), nonzero) that copied from the device (`op_stats`). A read of a CPU
-    tensor (an optimizer's step counter, DDP's map of used parameters) waits for nothing
-    and is only reported beside them. An analysis without the split counts no read."""
+    """>= 2 host-device synchronisations per rank-step (Nsight Systems cuda_api_sync),
+    medium from 10, low below: runtime calls that wait by themselves plus value reads
+    (.item(), nonzero) that copied from the device (`op_stats`). A read of a CPU tensor
+    (an optimizer's step counter, DDP's map of used parameters) waits for nothing and is
+    only reported beside them; an analysis without the split counts no read. No saving
+    is estimated: what a sync costs depends on the work queued before it."""
     if not ctx.on_gpu:
         return []
     syncs = reads = host = steps = 0
@@ -779,7 +853,7 @@ def sync_points(ctx: RuleContext) -> list[Finding]:
         steps += r.steps_profiled
     calls = syncs + reads
     per_step = calls / steps if steps else 0.0
-    if per_step < 2:
+    if per_step < SYNC_POINTS_MIN:
         return []
     evidence = [f"{calls} host-device synchronisations in {steps} rank-steps: {syncs} runtime calls that wait "
                 f"(cudaStreamSynchronize, cudaMemcpy, ...) and {reads} value reads (.item(), nonzero) that copied "
@@ -787,7 +861,7 @@ def sync_points(ctx: RuleContext) -> list[Finding]:
     if host:
         evidence.append(f"{host} .item()/nonzero reads of CPU tensors left out (host memory: no GPU wait)")
     return [Finding(
-        lever="sync_points", severity="medium" if per_step >= 10 else "low",
+        lever="sync_points", severity="medium" if per_step >= SYNC_POINTS_MEDIUM else "low",
         title=f"{per_step:.0f} host-GPU synchronisations per step stall the launch queue",
         evidence=evidence,
         ranks=[r.rank for r in ctx.ranks], est_saving_pct=None,
@@ -895,25 +969,35 @@ def ddp_find_unused(ctx: RuleContext) -> list[Finding]:
     )]
 
 
+HOST_OVERHEAD_IDLE = 0.20  # GPU idle, share of the profiled time
+HOST_OVERHEAD_HIGH = 0.40
+HOST_OVERHEAD_KERNEL_US = 20  # median compute kernel under this: launch-bound
+HOST_OVERHEAD_HIDDEN = 0.5  # share of the idle time fewer, larger kernels remove
+
+
 def host_overhead(ctx: RuleContext) -> list[Finding]:
+    """A launch-bound GPU: idle >= 20% of the profiled time with median compute kernels
+    under 20 us, high at 40%. Fewer, larger kernels (torch.compile, CUDA graphs) are
+    assumed to remove 50% of the idle time."""
     if not ctx.on_gpu:
         return []
     idle = ctx.share("idle")
     p50s = [float(v) for r in ctx.ranks if (v := r.ops.get("compute_kernel_p50_us"))]
     p50 = median(p50s)
-    if idle < 0.20 or p50 is None or p50 >= 20:
+    if idle < HOST_OVERHEAD_IDLE or p50 is None or p50 >= HOST_OVERHEAD_KERNEL_US:
         return []
     ev = [f"GPU idle {idle:.0%} of the profiled time", f"median compute kernel {p50:.0f} us"]
     if ctx.analysis.hta:
         host = sum(v.get("host_wait_us", 0.0) for v in (ctx.analysis.hta.get("idle_by_rank") or {}).values())
         ev.append(f"HTA: {host / 1000:.1f} ms of idle time is host wait (the CPU did not enqueue work)")
     return [Finding(
-        lever="host_overhead", severity=_sev(idle, 0.20, 0.40),
+        lever="host_overhead", severity=_sev(idle, HOST_OVERHEAD_IDLE, HOST_OVERHEAD_HIGH),
         title="the GPU waits for the CPU to launch many small kernels",
-        evidence=ev, ranks=[r.rank for r in ctx.ranks], est_saving_pct=_pct(idle * 0.5),
+        evidence=ev, ranks=[r.rank for r in ctx.ranks], est_saving_pct=_pct(idle * HOST_OVERHEAD_HIDDEN),
         action=in_framework(ctx, {"code": "model = torch.compile(model)  # fuses small kernels; or capture with CUDA graphs",
                                   "doc": DOCS["compile"],
-                                  "assumption": "half of the idle time removed by fewer, larger kernels"},
+                                  "assumption": f"{HOST_OVERHEAD_HIDDEN:.0%} of the idle time removed by fewer, "
+                                                "larger kernels"},
                             {"transformers": _hf(torch_compile=True)}),
     )]
 
