@@ -11,7 +11,9 @@ the breakdown's shares) are the Analysis' `summary`, the ones every report shows
 
 Thresholds: each rule's docstring states them, with where they come from (see
 ../shared/reference/anchors.md), and each is a named constant before the rule
-(`DATALOADER_MIN`, `COMM_OVERLAP_HIGH`, ...). Exposed communication leaves out the time
+(`DATALOADER_MIN`, `COMM_OVERLAP_HIGH`, ...). Severity follows the symptom's share, held
+to the saving a user can get: a finding that saves under 5% of the step (SAVING_LOW)
+is low, and one with no saving estimated is not high unless its rule says why. Exposed communication leaves out the time
 ranks waited for each other inside a collective: that is imbalance (the straggler
 lever), not transfer cost. straggler: see stragglers.py; severity as TraceML (warn
 10%, critical 20%).
@@ -66,6 +68,19 @@ PRECISION_SPEEDUP = {"fp32": 4.0, "tf32": 1.5, "unknown": 1.5}
 
 def _sev(share: float, medium: float, high: float) -> Severity:
     return "high" if share >= high else "medium" if share >= medium else "low"
+
+
+SAVING_LOW = 0.05  # a change that saves less than this share of the step is low
+
+
+def _severity(share: float, medium: float, high: float, saving: float | None) -> Severity:
+    """Severity by the symptom's share (`_sev`), held to what the change saves: a saving
+    under SAVING_LOW of the step is low, and a finding with no saving estimated is never
+    high (a rule that says otherwise states why in its docstring)."""
+    sev = _sev(share, medium, high)
+    if saving is None:
+        return "medium" if sev == "high" else sev
+    return "low" if saving < SAVING_LOW else sev
 
 
 def _pct(x: float) -> float:
@@ -375,18 +390,16 @@ def dataloader(ctx: RuleContext) -> list[Finding]:
         "doc": DOCS["dataloader"],
         "assumption": f"workers load batches while the GPU/CPU computes; {DATALOADER_HIDDEN:.0%} of the wait hidden"}
     saving: float | None = share * DATALOADER_HIDDEN
-    severity = _sev(share, DATALOADER_MIN, DATALOADER_HIGH)
     cpu_bound = workers > 0 and proposal == workers
     if cpu_bound:  # no worker to add: the same workers cannot be assumed to hide more
         saving = None
-        severity = "medium" if severity == "high" else severity
         action["assumption"] = "no saving estimated: the rank has no CPU left for another worker"
         action["text"] = (f"each rank's {per_rank_cpus} CPU{'s' if per_rank_cpus != 1 else ''} already run "
                           f"{workers} workers: make a batch cheaper to load (decode or augment once, offline; "
                           "lighter transforms), or give each rank more CPUs")
     return [Finding(
         lever="dataloader",
-        severity=severity,
+        severity=_severity(share, DATALOADER_MIN, DATALOADER_HIGH, saving),
         title=f"{share:.0%} of each step waits for input" + (f" (DataLoader num_workers={workers})" if cur else ""),
         evidence=[f"DataLoader wait {share:.1%} of the step ({source})"] + (
             [f"DataLoader: num_workers={workers}, pin_memory={cur.get('pin_memory')}, "
@@ -446,7 +459,7 @@ def gradient_accumulation(ctx: RuleContext) -> list[Finding]:
     }
     return [Finding(
         lever="gradient_accumulation",
-        severity=_sev(exposed, GRADIENT_ACCUMULATION_MIN, GRADIENT_ACCUMULATION_HIGH),
+        severity=_severity(exposed, GRADIENT_ACCUMULATION_MIN, GRADIENT_ACCUMULATION_HIGH, saving),
         title=f"communication not hidden by compute takes {exposed:.0%} of the step; accumulate {k} micro-batches "
               f"per sync{grows}",
         evidence=[ctx.exposed_words(),
@@ -550,7 +563,7 @@ def ddp_bucket_size(ctx: RuleContext) -> list[Finding]:
     }
     return [Finding(
         lever="ddp_bucket_size",
-        severity=_sev(exposed, DDP_BUCKET_SIZE_MEDIUM, DDP_BUCKET_SIZE_HIGH),
+        severity=_severity(exposed, DDP_BUCKET_SIZE_MEDIUM, DDP_BUCKET_SIZE_HIGH, saving),
         title=f"DDP buckets: {why}; try bucket_cap_mb={new_cap:.3g}",
         evidence=evidence,
         ranks=[r.rank for r in ctx.ranks],
@@ -574,6 +587,7 @@ def comm_overlap(ctx: RuleContext) -> list[Finding]:
     hidden = ctx.share("comm_overlapped")
     if exposed < COMM_OVERLAP_MIN or hidden > exposed or ctx.ddp:
         return []  # DDP overlap is tuned through its buckets
+    saving = min(exposed, ctx.share("compute")) * COMM_OVERLAP_HIDDEN
     fsdp = ctx.framework.fsdp
     if fsdp:
         code = ("# FSDP2: prefetch the next layer's all-gather\n"
@@ -586,11 +600,11 @@ def comm_overlap(ctx: RuleContext) -> list[Finding]:
         doc = DOCS["sync"]
     return [Finding(
         lever="comm_overlap",
-        severity=_sev(exposed, COMM_OVERLAP_MIN, COMM_OVERLAP_HIGH),
+        severity=_severity(exposed, COMM_OVERLAP_MIN, COMM_OVERLAP_HIGH, saving),
         title=f"{exposed:.0%} of the step is communication that nothing overlaps",
         evidence=[ctx.exposed_words(), f"communication hidden under compute {hidden:.1%} of the profiled time"],
         ranks=[r.rank for r in ctx.ranks],
-        est_saving_pct=_pct(min(exposed, ctx.share("compute")) * COMM_OVERLAP_HIDDEN),
+        est_saving_pct=_pct(saving),
         action={"code": code, "doc": doc,
                 "assumption": f"{COMM_OVERLAP_HIDDEN:.0%} of the exposed communication hidden under compute"},
     )]
@@ -645,7 +659,7 @@ def mixed_precision(ctx: RuleContext) -> list[Finding]:
     forms = _precision_forms(ctx, "bf16" if dtype == "torch.bfloat16" else "fp16")
     return [Finding(
         lever="mixed_precision",
-        severity=_sev(share, MIXED_PRECISION_MIN, MIXED_PRECISION_HIGH),
+        severity=_severity(share, MIXED_PRECISION_MIN, MIXED_PRECISION_HIGH, saving),
         title=f"{share:.0%} of the step runs fp32/TF32 matrix multiplies without autocast",
         evidence=["GEMM kernel time by precision: " + ", ".join(f"{k} {v / 1000:.1f} ms" for k, v in sorted(gemm.items())),
                   "no autocast seen in forward"],
@@ -681,14 +695,15 @@ def _cpu_mixed_precision(ctx: RuleContext) -> list[Finding]:
     share = gemm / window if window else 0.0
     if share < MIXED_PRECISION_MIN:
         return []
+    saving = share * (1 - 1 / CPU_BF16_SPEEDUP)
     return [Finding(
         lever="mixed_precision",
-        severity=_sev(share, MIXED_PRECISION_MIN, MIXED_PRECISION_HIGH),
+        severity=_severity(share, MIXED_PRECISION_MIN, MIXED_PRECISION_HIGH, saving),
         title=f"{share:.0%} of the step is fp32 matrix multiplies on a CPU with bf16 matrix units",
         evidence=[f"matmul/conv operators {gemm / 1000:.1f} ms of {window / 1000:.1f} ms profiled (all ranks)",
                   f"CPU has {'AMX' if dev.get('amx') else 'AVX512-BF16'}; parameters are float32; no autocast seen"],
         ranks=[r.rank for r in ctx.ranks],
-        est_saving_pct=_pct(share * (1 - 1 / CPU_BF16_SPEEDUP)),
+        est_saving_pct=_pct(saving),
         action=in_framework(ctx, {"code": "with torch.autocast(device_type='cpu', dtype=torch.bfloat16):\n"
                                           "    loss = loss_fn(model(batch))\nloss.backward()",
                                   "doc": DOCS["amp"], "assumption": f"matmuls {CPU_BF16_SPEEDUP:g}x faster in bf16"},
@@ -986,14 +1001,15 @@ def host_overhead(ctx: RuleContext) -> list[Finding]:
     p50 = median(p50s)
     if idle < HOST_OVERHEAD_IDLE or p50 is None or p50 >= HOST_OVERHEAD_KERNEL_US:
         return []
+    saving = idle * HOST_OVERHEAD_HIDDEN
     ev = [f"GPU idle {idle:.0%} of the profiled time", f"median compute kernel {p50:.0f} us"]
     if ctx.analysis.hta:
         host = sum(v.get("host_wait_us", 0.0) for v in (ctx.analysis.hta.get("idle_by_rank") or {}).values())
         ev.append(f"HTA: {host / 1000:.1f} ms of idle time is host wait (the CPU did not enqueue work)")
     return [Finding(
-        lever="host_overhead", severity=_sev(idle, HOST_OVERHEAD_IDLE, HOST_OVERHEAD_HIGH),
+        lever="host_overhead", severity=_severity(idle, HOST_OVERHEAD_IDLE, HOST_OVERHEAD_HIGH, saving),
         title="the GPU waits for the CPU to launch many small kernels",
-        evidence=ev, ranks=[r.rank for r in ctx.ranks], est_saving_pct=_pct(idle * HOST_OVERHEAD_HIDDEN),
+        evidence=ev, ranks=[r.rank for r in ctx.ranks], est_saving_pct=_pct(saving),
         action=in_framework(ctx, {"code": "model = torch.compile(model)  # fuses small kernels; or capture with CUDA graphs",
                                   "doc": DOCS["compile"],
                                   "assumption": f"{HOST_OVERHEAD_HIDDEN:.0%} of the idle time removed by fewer, "
