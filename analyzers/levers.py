@@ -13,7 +13,10 @@ Thresholds: each rule's docstring states them, with where they come from (see
 ../shared/reference/anchors.md), and each is a named constant before the rule
 (`DATALOADER_MIN`, `COMM_OVERLAP_HIGH`, ...). Severity follows the symptom's share, held
 to the saving a user can get: a finding that saves under 5% of the step (SAVING_LOW)
-is low, and one with no saving estimated is not high unless its rule says why. Exposed communication leaves out the time
+is low, and one with no saving estimated is not high unless its rule says why.
+Savings take shares of the profiled window as shares of the median step; when profiled
+steps were over 10% longer or shorter than the median step (`profiled_step_inflation`),
+the finding says so in its evidence and assumption. Exposed communication leaves out the time
 ranks waited for each other inside a collective: that is imbalance (the straggler
 lever), not transfer cost. straggler: see stragglers.py; severity as TraceML (warn
 10%, critical 20%).
@@ -85,6 +88,28 @@ def _severity(share: float, medium: float, high: float, saving: float | None) ->
 
 def _pct(x: float) -> float:
     return round(100.0 * x, 1)
+
+
+WINDOW_INFLATION_NOTE = 1.1  # profiled steps this much longer (or shorter) than the median: said
+
+
+def _window_basis(ctx: RuleContext) -> list[str]:
+    """The evidence line for a saving that takes a share of the profiled window as a share
+    of the median step, when profiled steps were more than 10% longer or shorter than
+    the median step; [] otherwise."""
+    x = ctx.inflation
+    if x is None or x <= 0 or 1 / WINDOW_INFLATION_NOTE < x < WINDOW_INFLATION_NOTE:
+        return []
+    return [f"profiled steps took {x:.2g}x the median step: the saving takes the profiled window's shares as "
+            "shares of the median step, as they are (the profiler slows some work more than other, so without "
+            "it the shares may differ)"]
+
+
+def _on_window(ctx: RuleContext, assumption: str) -> str:
+    """`assumption`, saying which step its shares are of when the bases differ."""
+    x = ctx.inflation
+    return assumption + (f"; shares of the profiled window (steps there {x:.2g}x the median step) applied to the "
+                         "median step unchanged" if _window_basis(ctx) else "")
 
 
 # -- the framework the job ran under ------------------------------------------------------
@@ -389,6 +414,9 @@ def dataloader(ctx: RuleContext) -> list[Finding]:
         "code": f"DataLoader(dataset, batch_size=..., {', '.join(f'{k}={_lit(v)}' for k, v in kw.items())})",
         "doc": DOCS["dataloader"],
         "assumption": f"workers load batches while the GPU/CPU computes; {DATALOADER_HIDDEN:.0%} of the wait hidden"}
+    basis = [] if shares else _window_basis(ctx)
+    if basis:
+        action["assumption"] = _on_window(ctx, action["assumption"])
     saving: float | None = share * DATALOADER_HIDDEN
     cpu_bound = workers > 0 and proposal == workers
     if cpu_bound:  # no worker to add: the same workers cannot be assumed to hide more
@@ -404,7 +432,7 @@ def dataloader(ctx: RuleContext) -> list[Finding]:
         evidence=[f"DataLoader wait {share:.1%} of the step ({source})"] + (
             [f"DataLoader: num_workers={workers}, pin_memory={cur.get('pin_memory')}, "
              f"persistent_workers={cur.get('persistent_workers')}, batch_size={cur.get('batch_size')}"] if cur else []
-        ),
+        ) + basis,
         ranks=[r.rank for r in ctx.analysis.ranks],
         est_saving_pct=_pct(saving) if saving is not None else None,
         action=in_framework(ctx, action, forms, [_set(TORCH_LOADER, **kw)]),
@@ -463,7 +491,7 @@ def gradient_accumulation(ctx: RuleContext) -> list[Finding]:
         title=f"communication not hidden by compute takes {exposed:.0%} of the step; accumulate {k} micro-batches "
               f"per sync{grows}",
         evidence=[ctx.exposed_words(),
-                  "one backward pass per optimizer step (no gradient accumulation)"],
+                  "one backward pass per optimizer step (no gradient accumulation)"] + _window_basis(ctx),
         ranks=[r.rank for r in ctx.ranks],
         est_saving_pct=_pct(saving),
         action=_with_batch(in_framework(ctx, {
@@ -476,7 +504,8 @@ def gradient_accumulation(ctx: RuleContext) -> list[Finding]:
                 f"        optimizer.step(); optimizer.zero_grad()"
             ),
             "doc": DOCS["no_sync"],
-            "assumption": f"exposed communication paid once per {k} micro-batches, each as large as now",
+            "assumption": _on_window(ctx, f"exposed communication paid once per {k} micro-batches, each as large "
+                                          "as now"),
         }, forms), batch),
     )]
 
@@ -527,6 +556,7 @@ def ddp_bucket_size(ctx: RuleContext) -> list[Finding]:
         evidence.append(f"{sum(c.calls for c in ar)} all-reduces in the window, mean {mean_bytes / 2**10:.0f} KB")
     else:
         return []
+    evidence += _window_basis(ctx)
     kw: dict[str, Any] = {"bucket_cap_mb": new_cap}
     if not d.get("gradient_as_bucket_view"):
         kw["gradient_as_bucket_view"] = True
@@ -568,7 +598,7 @@ def ddp_bucket_size(ctx: RuleContext) -> list[Finding]:
         evidence=evidence,
         ranks=[r.rank for r in ctx.ranks],
         est_saving_pct=_pct(saving),
-        action=in_framework(ctx, {"code": code, "doc": DOCS["ddp"], "assumption": assumption},
+        action=in_framework(ctx, {"code": code, "doc": DOCS["ddp"], "assumption": _on_window(ctx, assumption)},
                             forms, [_set(TORCH_DDP, **kw)]),
     )]
 
@@ -602,11 +632,13 @@ def comm_overlap(ctx: RuleContext) -> list[Finding]:
         lever="comm_overlap",
         severity=_severity(exposed, COMM_OVERLAP_MIN, COMM_OVERLAP_HIGH, saving),
         title=f"{exposed:.0%} of the step is communication that nothing overlaps",
-        evidence=[ctx.exposed_words(), f"communication hidden under compute {hidden:.1%} of the profiled time"],
+        evidence=[ctx.exposed_words(), f"communication hidden under compute {hidden:.1%} of the profiled time"]
+        + _window_basis(ctx),
         ranks=[r.rank for r in ctx.ranks],
         est_saving_pct=_pct(saving),
         action={"code": code, "doc": doc,
-                "assumption": f"{COMM_OVERLAP_HIDDEN:.0%} of the exposed communication hidden under compute"},
+                "assumption": _on_window(ctx, f"{COMM_OVERLAP_HIDDEN:.0%} of the exposed communication hidden "
+                                              "under compute")},
     )]
 
 
@@ -662,13 +694,13 @@ def mixed_precision(ctx: RuleContext) -> list[Finding]:
         severity=_severity(share, MIXED_PRECISION_MIN, MIXED_PRECISION_HIGH, saving),
         title=f"{share:.0%} of the step runs fp32/TF32 matrix multiplies without autocast",
         evidence=["GEMM kernel time by precision: " + ", ".join(f"{k} {v / 1000:.1f} ms" for k, v in sorted(gemm.items())),
-                  "no autocast seen in forward"],
+                  "no autocast seen in forward"] + _window_basis(ctx),
         ranks=[r.rank for r in ctx.ranks],
         est_saving_pct=_pct(saving),
         action=in_framework(ctx, {"code": code, "doc": DOCS["amp"],
-                                  "assumption": f"fp32 GEMMs run {PRECISION_SPEEDUP['fp32']:g}x and TF32 GEMMs "
-                                                f"{PRECISION_SPEEDUP['tf32']:g}x faster in bf16/fp16 "
-                                                "(half the peak ratios)"}, forms),
+                                  "assumption": _on_window(ctx, f"fp32 GEMMs run {PRECISION_SPEEDUP['fp32']:g}x "
+                                                           f"and TF32 GEMMs {PRECISION_SPEEDUP['tf32']:g}x faster in "
+                                                           "bf16/fp16 (half the peak ratios)")}, forms),
     )]
 
 
@@ -701,12 +733,14 @@ def _cpu_mixed_precision(ctx: RuleContext) -> list[Finding]:
         severity=_severity(share, MIXED_PRECISION_MIN, MIXED_PRECISION_HIGH, saving),
         title=f"{share:.0%} of the step is fp32 matrix multiplies on a CPU with bf16 matrix units",
         evidence=[f"matmul/conv operators {gemm / 1000:.1f} ms of {window / 1000:.1f} ms profiled (all ranks)",
-                  f"CPU has {'AMX' if dev.get('amx') else 'AVX512-BF16'}; parameters are float32; no autocast seen"],
+                  f"CPU has {'AMX' if dev.get('amx') else 'AVX512-BF16'}; parameters are float32; no autocast seen"]
+        + _window_basis(ctx),
         ranks=[r.rank for r in ctx.ranks],
         est_saving_pct=_pct(saving),
         action=in_framework(ctx, {"code": "with torch.autocast(device_type='cpu', dtype=torch.bfloat16):\n"
                                           "    loss = loss_fn(model(batch))\nloss.backward()",
-                                  "doc": DOCS["amp"], "assumption": f"matmuls {CPU_BF16_SPEEDUP:g}x faster in bf16"},
+                                  "doc": DOCS["amp"],
+                                  "assumption": _on_window(ctx, f"matmuls {CPU_BF16_SPEEDUP:g}x faster in bf16")},
                             _precision_forms(ctx, "bf16")),
     )]
 
@@ -1006,14 +1040,15 @@ def host_overhead(ctx: RuleContext) -> list[Finding]:
     if ctx.analysis.hta:
         host = sum(v.get("host_wait_us", 0.0) for v in (ctx.analysis.hta.get("idle_by_rank") or {}).values())
         ev.append(f"HTA: {host / 1000:.1f} ms of idle time is host wait (the CPU did not enqueue work)")
+    ev += _window_basis(ctx)
     return [Finding(
         lever="host_overhead", severity=_severity(idle, HOST_OVERHEAD_IDLE, HOST_OVERHEAD_HIGH, saving),
         title="the GPU waits for the CPU to launch many small kernels",
         evidence=ev, ranks=[r.rank for r in ctx.ranks], est_saving_pct=_pct(saving),
         action=in_framework(ctx, {"code": "model = torch.compile(model)  # fuses small kernels; or capture with CUDA graphs",
                                   "doc": DOCS["compile"],
-                                  "assumption": f"{HOST_OVERHEAD_HIDDEN:.0%} of the idle time removed by fewer, "
-                                                "larger kernels"},
+                                  "assumption": _on_window(ctx, f"{HOST_OVERHEAD_HIDDEN:.0%} of the idle time "
+                                                           "removed by fewer, larger kernels")},
                             {"transformers": _hf(torch_compile=True)}),
     )]
 

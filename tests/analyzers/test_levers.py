@@ -167,3 +167,45 @@ def test_bucket_finding_offers_gradient_compression_only_without_a_hook() -> Non
     assert "bf16_compress_hook" in levers(a)["ddp_bucket_size"].action["code"]
     fw = {**DDP_ONE_BUCKET, "ddp": [dict(DDP_ONE_BUCKET["ddp"][0], comm_hook="bf16_compress_hook")]}
     assert "bf16_compress_hook" not in levers(analysis([rank(0, compute=0.6, comm_exposed=0.2)], fw))["ddp_bucket_size"].action["code"]
+
+
+def _window_runs(step_p50: float) -> dict[str, Analysis]:
+    """One run per rule whose saving takes a share of the profiled window (100 ms per
+    profiled step), with the median step `step_p50`."""
+    def one(fw: dict[str, Any] | None = None, device: str = "cuda", **shares: Any) -> Analysis:
+        return analysis([rank(0, step_p50=step_p50, device=device, **shares)], fw)
+
+    return {
+        "dataloader": one({"dataloaders": [{"num_workers": 0}]}, compute=0.5, dataloader=0.3),
+        "gradient_accumulation": one(DDP_ONE_BUCKET, compute=0.6, comm_exposed=0.2),
+        "ddp_bucket_size": one(DDP_ONE_BUCKET, compute=0.6, comm_exposed=0.2),
+        "comm_overlap": one(None, compute=0.6, comm_exposed=0.2),
+        "mixed_precision": one({"amp": {"autocast": {}}, "device": {"capability": "8.0"}}, compute=0.8,
+                               ops={"gemm_us": {"fp32": 40_000.0}}),
+        "host_overhead": one(None, compute=0.5, ops={"compute_kernel_p50_us": 8.0}),
+    }
+
+
+def test_savings_on_window_shares_say_when_profiled_steps_were_slower() -> None:
+    """Profiled steps of 100 ms against a 50 ms median step: inflation 2. Each saving that
+    takes a window share as a share of the median step says so, in its evidence and its
+    assumption; with steps as long inside the window as outside, nothing is said. The
+    savings themselves are the window's: 27% (90% of 30%), 15%, 10%, 10% (half of 20%),
+    30% (fp32 40% x 3/4), 25% (half of 50% idle)."""
+    savings = {"dataloader": 27.0, "gradient_accumulation": 15.0, "ddp_bucket_size": 10.0, "comm_overlap": 10.0,
+               "mixed_precision": 30.0, "host_overhead": 25.0}
+    for lever, a in _window_runs(50_000.0).items():
+        assert a.job_summary.profiled_step_inflation.job == 2.0
+        f = levers(a)[lever]
+        assert f.est_saving_pct == savings[lever], lever
+        assert any("profiled steps took 2x the median step" in e for e in f.evidence), lever
+        assert "(steps there 2x the median step) applied to the median step" in f.action["assumption"], lever
+    for lever, a in _window_runs(100_000.0).items():
+        f = levers(a)[lever]
+        assert f.est_saving_pct == savings[lever], lever
+        assert not any("median step" in e for e in f.evidence) and "median step" not in f.action["assumption"]
+    # a dataloader share over all steps (steps.jsonl) is already of the median step
+    a = analysis([rank(0, step_p50=50_000.0, compute=0.5, host={"step": 50_000.0, "dataloader": 15_000.0})],
+                 {"dataloaders": [{"num_workers": 0}]})
+    f = levers(a)["dataloader"]
+    assert f.est_saving_pct == 27.0 and not any("median step" in e for e in f.evidence)
