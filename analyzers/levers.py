@@ -16,7 +16,9 @@ to the saving a user can get: a finding that saves under 5% of the step (SAVING_
 is low, and one with no saving estimated is not high unless its rule says why.
 Savings take shares of the profiled window as shares of the median step; when profiled
 steps were over 10% longer or shorter than the median step (`profiled_step_inflation`),
-the finding says so in its evidence and assumption. Exposed communication leaves out the time
+the finding says so in its evidence and assumption. A saving is never more than the
+share of the step it works on (the exposed communication, the input wait, the GEMM
+time within the compute time, the idle time). Exposed communication leaves out the time
 ranks waited for each other inside a collective: that is imbalance (the straggler
 lever), not transfer cost. straggler: see stragglers.py; severity as TraceML (warn
 10%, critical 20%).
@@ -88,6 +90,12 @@ def _severity(share: float, medium: float, high: float, saving: float | None) ->
 
 def _pct(x: float) -> float:
     return round(100.0 * x, 1)
+
+
+def _bounded(saving: float, removes: float) -> float:
+    """A saving is never more than the share of the step whose time the change removes
+    (the exposed communication, the input wait, the GEMM or idle time)."""
+    return max(0.0, min(saving, removes))
 
 
 WINDOW_INFLATION_NOTE = 1.1  # profiled steps this much longer (or shorter) than the median: said
@@ -387,7 +395,7 @@ def dataloader(ctx: RuleContext) -> list[Finding]:
     for r in ctx.analysis.ranks:
         hp = r.host_phases_us
         if hp.get("step"):
-            shares.append(hp.get("dataloader", 0.0) / hp["step"])
+            shares.append(min(1.0, hp.get("dataloader", 0.0) / hp["step"]))  # a wait is at most its step
     share = sum(shares) / len(shares) if shares else ctx.share("dataloader")
     source = "median over all steps (steps.jsonl)" if shares else "share of the profiled window"
     if share < DATALOADER_MIN:
@@ -417,7 +425,7 @@ def dataloader(ctx: RuleContext) -> list[Finding]:
     basis = [] if shares else _window_basis(ctx)
     if basis:
         action["assumption"] = _on_window(ctx, action["assumption"])
-    saving: float | None = share * DATALOADER_HIDDEN
+    saving: float | None = _bounded(share * DATALOADER_HIDDEN, share)
     cpu_bound = workers > 0 and proposal == workers
     if cpu_bound:  # no worker to add: the same workers cannot be assumed to hide more
         saving = None
@@ -458,7 +466,7 @@ def gradient_accumulation(ctx: RuleContext) -> list[Finding]:
     if exposed < GRADIENT_ACCUMULATION_MIN or not ctx.ddp or (acc.get("backwards_per_step") or 1) > 1:
         return []
     k = GRADIENT_ACCUMULATION_STEPS
-    saving = exposed * (1 - 1 / k)
+    saving = _bounded(exposed * (1 - 1 / k), exposed)
     batch = batch_change(ctx, k)
     grows = (f" (global batch {batch['global_batch_before']} -> {batch['global_batch_after']})"
              if batch["global_batch_before"] else f" (global batch {k}x)")
@@ -543,14 +551,14 @@ def ddp_bucket_size(ctx: RuleContext) -> list[Finding]:
     if len(sizes) == 1 and total > DDP_BUCKET_SIZE_SMALL_BYTES:  # at most 1 MB: a 1 MB cap would not split it
         new_cap = max(1.0, round(total / DDP_BUCKET_SIZE_SPLIT / 2**20, 1))
         why = "one bucket: its all-reduce can only start after the whole backward pass"
-        saving = min(exposed, ctx.share("compute")) * DDP_BUCKET_SIZE_OVERLAP
+        saving = _bounded(min(exposed, ctx.share("compute")) * DDP_BUCKET_SIZE_OVERLAP, exposed)
         assumption = (f"{DDP_BUCKET_SIZE_OVERLAP:.0%} of the exposed all-reduce overlaps the remaining backward pass "
                       "(at most that share of the compute)")
     elif (mean_bytes is not None and mean_bytes < DDP_BUCKET_SIZE_SMALL_BYTES
           and len(sizes) > DDP_BUCKET_SIZE_MANY):
         new_cap = min(DDP_BUCKET_SIZE_MAX_CAP_MB, cap * DDP_BUCKET_SIZE_GROW)
         why = f"many small all-reduces (mean {mean_bytes / 2**10:.0f} KB): latency-bound"
-        saving = exposed * DDP_BUCKET_SIZE_FEWER_CALLS
+        saving = _bounded(exposed * DDP_BUCKET_SIZE_FEWER_CALLS, exposed)
         assumption = (f"{DDP_BUCKET_SIZE_GROW}x fewer, larger all-reduces remove {DDP_BUCKET_SIZE_FEWER_CALLS:.0%} "
                       "of the exposed communication (their per-call latency)")
         evidence.append(f"{sum(c.calls for c in ar)} all-reduces in the window, mean {mean_bytes / 2**10:.0f} KB")
@@ -617,7 +625,7 @@ def comm_overlap(ctx: RuleContext) -> list[Finding]:
     hidden = ctx.share("comm_overlapped")
     if exposed < COMM_OVERLAP_MIN or hidden > exposed or ctx.ddp:
         return []  # DDP overlap is tuned through its buckets
-    saving = min(exposed, ctx.share("compute")) * COMM_OVERLAP_HIDDEN
+    saving = _bounded(min(exposed, ctx.share("compute")) * COMM_OVERLAP_HIDDEN, exposed)
     fsdp = ctx.framework.fsdp
     if fsdp:
         code = ("# FSDP2: prefetch the next layer's all-gather\n"
@@ -663,6 +671,7 @@ MIXED_PRECISION_HIGH = 0.30
 def mixed_precision(ctx: RuleContext) -> list[Finding]:
     """fp32/TF32 GEMM kernels >= 10% of the profiled time on a GPU without autocast
     (TensorBoard plugin rule 6 fires on any; 10% keeps small gains quiet), high at 30%;
+    GEMM time counts at most the compute time (kernels on concurrent streams add up to more);
     fp32 GEMMs are assumed 4x and TF32 1.5x faster in bf16/fp16 (half the peak ratios).
     bf16 from compute capability 8.0, fp16 with a GradScaler before it. On a CPU with
     bf16 matrix units: matmul operators >= 10%, high at 30%, assumed 2x faster."""
@@ -678,10 +687,13 @@ def mixed_precision(ctx: RuleContext) -> list[Finding]:
         for k, v in (r.ops.get("gemm_us") or {}).items():
             gemm[k] = gemm.get(k, 0.0) + v
     slow = {k: v for k, v in gemm.items() if k in ("fp32", "tf32")}
-    share = sum(slow.values()) / window if window else 0.0
+    kernels = sum(slow.values()) / window if window else 0.0
+    # kernels on concurrent streams can add up to more than the compute time they ran in
+    share = min(kernels, ctx.share("compute"))
     if share < MIXED_PRECISION_MIN:
         return []
-    saving = sum(v / window * (1 - 1 / PRECISION_SPEEDUP[k]) for k, v in slow.items())
+    scale = share / kernels
+    saving = _bounded(sum(v / window * scale * (1 - 1 / PRECISION_SPEEDUP[k]) for k, v in slow.items()), share)
     cap = capability((ctx.framework.device or {}).get("capability"))
     dtype = "torch.bfloat16" if cap is not None and cap >= BF16_CAPABILITY else "torch.float16"
     code = (f"with torch.autocast(device_type='cuda', dtype={dtype}):\n    loss = loss_fn(model(batch))\nloss.backward()")
@@ -724,10 +736,10 @@ def _cpu_mixed_precision(ctx: RuleContext) -> list[Finding]:
         return []
     window = sum(r.window_us for r in ctx.ranks)
     gemm = sum(float(r.ops.get("cpu_gemm_us") or 0.0) for r in ctx.ranks)
-    share = gemm / window if window else 0.0
+    share = min(gemm / window if window else 0.0, ctx.share("compute"))
     if share < MIXED_PRECISION_MIN:
         return []
-    saving = share * (1 - 1 / CPU_BF16_SPEEDUP)
+    saving = _bounded(share * (1 - 1 / CPU_BF16_SPEEDUP), share)
     return [Finding(
         lever="mixed_precision",
         severity=_severity(share, MIXED_PRECISION_MIN, MIXED_PRECISION_HIGH, saving),
@@ -1035,7 +1047,7 @@ def host_overhead(ctx: RuleContext) -> list[Finding]:
     p50 = median(p50s)
     if idle < HOST_OVERHEAD_IDLE or p50 is None or p50 >= HOST_OVERHEAD_KERNEL_US:
         return []
-    saving = idle * HOST_OVERHEAD_HIDDEN
+    saving = _bounded(idle * HOST_OVERHEAD_HIDDEN, idle)
     ev = [f"GPU idle {idle:.0%} of the profiled time", f"median compute kernel {p50:.0f} us"]
     if ctx.analysis.hta:
         host = sum(v.get("host_wait_us", 0.0) for v in (ctx.analysis.hta.get("idle_by_rank") or {}).values())

@@ -209,3 +209,38 @@ def test_savings_on_window_shares_say_when_profiled_steps_were_slower() -> None:
                  {"dataloaders": [{"num_workers": 0}]})
     f = levers(a)["dataloader"]
     assert f.est_saving_pct == 27.0 and not any("median step" in e for e in f.evidence)
+
+
+CPU_BF16 = {"amp": {"autocast": {}}, "device": {"bf16_matmul": True, "amx": True},
+            "parameters": {"bytes_by_dtype": {"torch.float32": 1000}}}
+GPU_NO_AMP = {"amp": {"autocast": {}}, "device": {"capability": "8.0"}}
+
+# (lever, run, the share of the step the change works on (%), the saving worked out by hand (%))
+BOUNDS = [
+    # an input wait recorded longer than its step (150 of 100 ms) is the whole step: 90% of
+    # 100%, not of 150%
+    ("dataloader", analysis([rank(0, compute=0.5, host={"step": 100_000.0, "dataloader": 150_000.0})],
+                            {"dataloaders": [{"num_workers": 0}]}), 100.0, 90.0),
+    # fp32 GEMMs on concurrent streams add up to 150 ms in a 100 ms window with 80% compute:
+    # the GEMM time is at most the compute, 80%, of which 3/4 saved (not 150% x 3/4 = 112.5%)
+    ("mixed_precision", analysis([rank(0, compute=0.8, ops={"gemm_us": {"fp32": 150_000.0}})], GPU_NO_AMP),
+     80.0, 60.0),
+    # 60 + 60 ms of fp32 and TF32 in 60% compute: each scaled by 60/120, saved 3/4 and 1/3:
+    # (60% x 3/4 + 60% x 1/3) / 2 = 32.5%
+    ("mixed_precision", analysis([rank(0, compute=0.6, ops={"gemm_us": {"fp32": 60_000.0, "tf32": 60_000.0}})],
+                                 GPU_NO_AMP), 60.0, 32.5),
+    # 90 ms of CPU matmuls in 50% compute: 50% at most, half of it saved
+    ("mixed_precision", analysis([rank(0, device="cpu", compute=0.5, ops={"cpu_gemm_us": 90_000.0})], CPU_BF16),
+     50.0, 25.0),
+    ("gradient_accumulation", analysis([rank(0, compute=0.0, comm_exposed=0.6)], DDP_ONE_BUCKET), 60.0, 45.0),
+    # one bucket with 10% compute to overlap: half of min(60%, 10%)
+    ("ddp_bucket_size", analysis([rank(0, compute=0.1, comm_exposed=0.6)], DDP_ONE_BUCKET), 60.0, 5.0),
+    ("comm_overlap", analysis([rank(0, compute=0.1, comm_exposed=0.6)]), 60.0, 5.0),
+    ("host_overhead", analysis([rank(0, compute=0.0, ops={"compute_kernel_p50_us": 8.0})]), 100.0, 50.0),
+]
+
+
+@pytest.mark.parametrize("lever, a, removes, saving", BOUNDS, ids=[f"{b[0]}-{i}" for i, b in enumerate(BOUNDS)])
+def test_a_saving_never_exceeds_the_time_it_removes(lever: str, a: Analysis, removes: float, saving: float) -> None:
+    f = levers(a)[lever]
+    assert f.est_saving_pct == saving and saving <= removes
