@@ -302,10 +302,6 @@ def op_stats(trace: Trace, window: tuple[float, float]) -> dict[str, Any]:
     return out
 
 
-def _ids(names: Sequence[str], pattern: re.Pattern[str]) -> list[int]:
-    return [i for i, n in enumerate(names) if pattern.match(n)]
-
-
 def _outermost(idx: npt.NDArray[np.int64], tid: npt.NDArray[np.int64], ts: npt.NDArray[np.float64],
                dur: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
     """The operators `idx` less those nested in another of them on their thread, so that
