@@ -22,11 +22,12 @@ time within the compute time, the idle time). Exposed communication leaves out t
 ranks waited for each other inside a collective: that is imbalance (the straggler
 lever), not transfer cost. straggler: see stragglers.py; severity as TraceML (warn
 10%, critical 20%).
-- ddp_find_unused (an extension of DESIGN.md's vocabulary): DDP ran with
-  find_unused_parameters=True (no static graph) and every rank's DDP recorded no unused
-  parameter. Low severity and no estimated saving: what the search costs is not
-  separable in one run (the profiler inflates its small per-parameter operators), and
-  DDP samples the unused-parameter size only at some iterations.
+
+ddp_find_unused (an extension of DESIGN.md's vocabulary): DDP ran with
+find_unused_parameters=True (no static graph) and every rank's DDP recorded no unused
+parameter. Low severity and no estimated saving: what the search costs is not
+separable in one run (the profiler inflates its small per-parameter operators), and
+DDP samples the unused-parameter size only at some iterations.
 
 Actions are written in the words of the framework that drove the job
 (`run.framework.name`: the Hugging Face Trainer, Lightning Trainer or Fabric, Accelerate,
@@ -90,6 +91,11 @@ def _severity(share: float, medium: float, high: float, saving: float | None) ->
 
 def _pct(x: float) -> float:
     return round(100.0 * x, 1)
+
+
+def _part(x: float) -> str:
+    """A share in an assumption's words: "half", else a percentage."""
+    return "half" if x == 0.5 else f"{x:.0%}"
 
 
 def _bounded(saving: float, removes: float) -> float:
@@ -552,8 +558,8 @@ def ddp_bucket_size(ctx: RuleContext) -> list[Finding]:
         new_cap = max(1.0, round(total / DDP_BUCKET_SIZE_SPLIT / 2**20, 1))
         why = "one bucket: its all-reduce can only start after the whole backward pass"
         saving = _bounded(min(exposed, ctx.share("compute")) * DDP_BUCKET_SIZE_OVERLAP, exposed)
-        assumption = (f"{DDP_BUCKET_SIZE_OVERLAP:.0%} of the exposed all-reduce overlaps the remaining backward pass "
-                      "(at most that share of the compute)")
+        assumption = (f"{_part(DDP_BUCKET_SIZE_OVERLAP)} of the exposed all-reduce overlaps the remaining backward "
+                      "pass (at most that share of the compute)")
     elif (mean_bytes is not None and mean_bytes < DDP_BUCKET_SIZE_SMALL_BYTES
           and len(sizes) > DDP_BUCKET_SIZE_MANY):
         new_cap = min(DDP_BUCKET_SIZE_MAX_CAP_MB, cap * DDP_BUCKET_SIZE_GROW)
@@ -645,7 +651,7 @@ def comm_overlap(ctx: RuleContext) -> list[Finding]:
         ranks=[r.rank for r in ctx.ranks],
         est_saving_pct=_pct(saving),
         action={"code": code, "doc": doc,
-                "assumption": _on_window(ctx, f"{COMM_OVERLAP_HIDDEN:.0%} of the exposed communication hidden "
+                "assumption": _on_window(ctx, f"{_part(COMM_OVERLAP_HIDDEN)} of the exposed communication hidden "
                                               "under compute")},
     )]
 
@@ -1059,7 +1065,7 @@ def host_overhead(ctx: RuleContext) -> list[Finding]:
         evidence=ev, ranks=[r.rank for r in ctx.ranks], est_saving_pct=_pct(saving),
         action=in_framework(ctx, {"code": "model = torch.compile(model)  # fuses small kernels; or capture with CUDA graphs",
                                   "doc": DOCS["compile"],
-                                  "assumption": _on_window(ctx, f"{HOST_OVERHEAD_HIDDEN:.0%} of the idle time "
+                                  "assumption": _on_window(ctx, f"{_part(HOST_OVERHEAD_HIDDEN)} of the idle time "
                                                            "removed by fewer, larger kernels")},
                             {"transformers": _hf(torch_compile=True)}),
     )]
