@@ -34,7 +34,7 @@ import numpy.typing as npt
 from pardiag.analyzers.intervals import Intervals
 from pardiag.analyzers.kernels import KernelKind, event_kinds
 from pardiag.analyzers.timeline import attribute, clip, coverage
-from pardiag.analyzers.trace import Trace
+from pardiag.analyzers.trace import CpuOps, Trace
 
 STEP = re.compile(r"^ProfilerStep#(\d+)$")
 DATALOADER = re.compile(r"^enumerate\(DataLoader\)#")
@@ -230,10 +230,16 @@ GEMM_DTYPES = (  # first match wins
     ("tf32", re.compile(r"tf32|s\d{4,5}gemm", re.I)),
     ("fp32", re.compile(r"sgemm|f32|fp32|float", re.I)),
 )
-SYNC_CALLS = re.compile(r"^cuda(DeviceSynchronize|StreamSynchronize|EventSynchronize|Memcpy|MemcpyDtoH|Memset)(_v\d+)?$")
+# Runtime calls that make the host wait for the device by themselves.
+SYNC_CALLS = re.compile(r"^(cuda|hip)(DeviceSynchronize|StreamSynchronize|EventSynchronize|Memcpy|MemcpyDtoH|Memset)"
+                        r"(_v\d+)?$")
 # Operators that read a tensor's value on the host. `.item()` always reaches
 # aten::_local_scalar_dense (nested inside aten::item), so aten::item is not counted again.
 ITEM_OPS = re.compile(r"^aten::(_local_scalar_dense|nonzero)$")
+# Runtime calls that copy from the device or wait for it. A value read is a host-device
+# synchronisation only when one of them runs inside it on its thread: a read of a CPU
+# tensor (an optimizer's step counter, DDP's map of used parameters) calls none.
+DEVICE_READ_CALLS = re.compile(r"^(cuda|hip)(Memcpy\w*|DeviceSynchronize|StreamSynchronize|EventSynchronize)(_v\d+)?$")
 CPU_GEMM = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|_convolution|mkldnn_convolution|convolution_backward|conv\dd)$")
 
 
@@ -245,7 +251,11 @@ def gemm_dtype(name: str) -> str:
 
 
 def op_stats(trace: Trace, window: tuple[float, float]) -> dict[str, Any]:
-    """Counts the levers need: GEMM time by precision, kernel sizes, host syncs."""
+    """Counts the levers need: GEMM time by precision, kernel sizes, host syncs.
+
+    Host syncs: `sync_calls`, runtime calls that wait by themselves (outside a value read);
+    `item_calls`, value reads (.item(), nonzero), of which `item_device_reads` copied
+    from the device or waited for it and `item_host_reads` read host memory only."""
     lo, hi = window
     out: dict[str, Any] = {}
     g = trace.gpu
@@ -266,20 +276,25 @@ def op_stats(trace: Trace, window: tuple[float, float]) -> dict[str, Any]:
         out["compute_kernel_p50_us"] = float(np.median(g.dur_us[comp])) if comp.any() else None
     c = trace.cpu
     item_ids = [i for i, n in enumerate(trace.names) if ITEM_OPS.match(n)]
-    items = np.zeros(len(c), dtype=bool)
+    items = np.zeros(0, dtype=np.int64)  # indices into trace.cpu of the value reads, outermost only
     if item_ids and len(c):
-        items = (c.ts_us >= lo) & (c.ts_us < hi) & np.isin(c.name_id, item_ids)
-        out["item_calls"] = int(items.sum())
+        items = _outermost(np.flatnonzero((c.ts_us >= lo) & (c.ts_us < hi) & np.isin(c.name_id, item_ids)),
+                           c.tid, c.ts_us, c.dur_us)
     L = trace.launches
+    device_reads: set[int] = set()
     if len(L):
         inside = (L.ts_us >= lo) & (L.ts_us < hi)
-        sync_ids = [i for i, n in enumerate(trace.names) if SYNC_CALLS.match(n)]
-        syncs = inside & np.isin(L.name_id, sync_ids)
-        # a runtime sync made by an item read (its copy back and wait) is that read,
-        # already counted in item_calls
-        out["sync_calls"] = int(syncs.sum()) - _inside_ops(L.tid[syncs], L.ts_us[syncs], c.tid[items],
-                                                           c.ts_us[items], c.ts_us[items] + c.dur_us[items])
+        copies = np.flatnonzero(np.isin(L.name_id, _ids(trace.names, DEVICE_READ_CALLS)))
+        # a read with several copies or waits inside (copy, then stream sync) is one read
+        device_reads = {int(k) for k in _enclosing(L.tid[copies], L.ts_us[copies], c, items) if k >= 0}
+        syncs = np.flatnonzero(inside & np.isin(L.name_id, _ids(trace.names, SYNC_CALLS)))
+        # a runtime sync made by a value read (its copy back and wait) is that read
+        out["sync_calls"] = int((_enclosing(L.tid[syncs], L.ts_us[syncs], c, items) < 0).sum())
         out["launches"] = int(inside.sum())
+    if item_ids and len(c):
+        out["item_calls"] = len(items)
+        out["item_device_reads"] = len(device_reads)
+        out["item_host_reads"] = len(items) - len(device_reads)
     if not len(g) and len(c):
         gemm_ids = [i for i, n in enumerate(trace.names) if CPU_GEMM.match(n)]
         sel = np.isin(c.name_id, gemm_ids)
@@ -287,22 +302,39 @@ def op_stats(trace: Trace, window: tuple[float, float]) -> dict[str, Any]:
     return out
 
 
-def _inside_ops(tid: npt.NDArray[np.int64], ts: npt.NDArray[np.float64], op_tid: npt.NDArray[np.int64],
-                op_start: npt.NDArray[np.float64], op_end: npt.NDArray[np.float64]) -> int:
-    """How many of the calls (thread, time) fall inside one of the operators on their
-    thread (operators of one kind on one thread do not overlap)."""
-    n = 0
+def _outermost(idx: npt.NDArray[np.int64], tid: npt.NDArray[np.int64], ts: npt.NDArray[np.float64],
+               dur: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
+    """The operators `idx` less those nested in another of them on their thread, so that
+    a read that calls another read counts once."""
+    keep: list[int] = []
+    for t in np.unique(tid[idx]):
+        mine = idx[tid[idx] == t]
+        mine = mine[np.lexsort((-dur[mine], ts[mine]))]  # by start, the longer first
+        end = -np.inf
+        for i in mine:
+            if ts[i] >= end:
+                keep.append(int(i))
+                end = float(ts[i] + dur[i])
+    return np.array(sorted(keep), dtype=np.int64)
+
+
+def _enclosing(tid: npt.NDArray[np.int64], ts: npt.NDArray[np.float64], ops: CpuOps,
+               idx: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """For each call (thread, time), the operator of `idx` (indices into `ops`, not
+    nested in one another) it falls inside on its thread, or -1."""
+    out = np.full(len(ts), -1, dtype=np.int64)
     for t in np.unique(tid):
-        mine = op_tid == t
-        if not mine.any():
+        mine = idx[ops.tid[idx] == t]
+        if not len(mine):
             continue
-        order = np.argsort(op_start[mine])
-        starts, ends = op_start[mine][order], op_end[mine][order]
-        at = ts[tid == t]
-        k = np.searchsorted(starts, at, side="right") - 1
+        mine = mine[np.argsort(ops.ts_us[mine])]
+        starts, ends = ops.ts_us[mine], ops.ts_us[mine] + ops.dur_us[mine]
+        calls = np.flatnonzero(tid == t)
+        k = np.searchsorted(starts, ts[calls], side="right") - 1
         ok = k >= 0
-        n += int((at[ok] <= ends[k[ok]]).sum())
-    return n
+        ok[ok] = ts[calls][ok] <= ends[k[ok]]
+        out[calls[ok]] = mine[k[ok]]
+    return out
 
 
 def _union_in(starts: npt.NDArray[np.float64], ends: npt.NDArray[np.float64], lo: float, hi: float) -> float:

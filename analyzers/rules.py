@@ -89,6 +89,12 @@ class RuleContext:
         """The ranks that have a profiled window."""
         return [r for r in self.analysis.ranks if r.window_us > 0]
 
+    @property
+    def inflation(self) -> float | None:
+        """How much longer a profiled step was than the median step
+        (`summary.profiled_step_inflation.job`), None when unknown."""
+        return self.analysis.job_summary.profiled_step_inflation.job
+
     def share(self, key: str) -> float:
         """A breakdown category's share of the profiled window, pooled over the job
         (`summary.breakdown_ratio`)."""

@@ -121,6 +121,40 @@ def facts(name: str | None, version: str | None = None, loaded: dict[str, str] |
     return fw
 
 
+def lever_runs() -> list[Analysis]:
+    """Many single-GPU runs for properties every lever finding must keep: breakdowns from
+    all compute to all exposed communication, with and without input wait, crossed with
+    the framework facts each rule reads (DDP with one bucket, FSDP, none; DataLoader
+    workers none or all CPUs; fp32/TF32 GEMMs; small kernels; syncs; device memory),
+    and profiled steps as long as the others or twice as long."""
+    fws: list[dict[str, Any]] = [
+        {},
+        DDP_ONE_BUCKET,
+        {"fsdp": {"fsdp2": {}}, "grad_accumulation": {"backwards_per_step": 1.0}},
+        {"dataloaders": [{"num_workers": 16, "pin_memory": True, "persistent_workers": True, "batch_size": 8}],
+         "threads": {"sched_affinity": 4}, "amp": {"autocast": {}}, "device": {"capability": "9.0"}},
+        {"device": {"total_memory_bytes": 10 * GB}, "parameters": {"local_bytes": 4 * GB},
+         "peak_memory_reserved_bytes_max": 2 * GB, "amp": {"autocast": {}}},
+        {"device": {"total_memory_bytes": 10 * GB}, "parameters": {"local_bytes": GB},
+         "peak_memory_reserved_bytes_max": 19 * GB // 2, "amp": {"autocast": {}}},
+    ]
+    runs = []
+    for compute in (0.0, 0.05, 0.3, 0.6):
+        for exposed in (0.0, 0.05, 0.12, 0.3, 0.6):
+            for dataloader in (0.0, 0.06, 0.3):
+                if compute + exposed + dataloader > 1:
+                    continue
+                for fw in fws:
+                    for step_p50 in (100_000.0, 50_000.0):
+                        ops = {"gemm_us": {"fp32": compute * 50_000.0, "tf32": compute * 50_000.0},
+                               "compute_kernel_p50_us": 8.0, "sync_calls": 30, "item_device_reads": 2}
+                        host = {"step": step_p50, "dataloader": dataloader * step_p50}
+                        r = rank(0, steps=1, step_p50=step_p50, compute=compute, comm_exposed=exposed,
+                                 dataloader=dataloader, ops=ops, host=host)
+                        runs.append(analysis([r], fw))
+    return runs
+
+
 # -- findings ----------------------------------------------------------------------------------
 
 

@@ -50,6 +50,38 @@ def test_dataloader_from_all_steps() -> None:
     assert "dataloader" not in levers(quiet)
 
 
+def _loader_advice(workers: int, cpus: int, local_ranks: int, name: str | None = None) -> Any:
+    host = {"step": 100_000.0, "dataloader": 30_000.0}
+    fw: dict[str, Any] = {"dataloaders": [{"num_workers": workers, "pin_memory": True, "persistent_workers": True,
+                                           "batch_size": 32}], "threads": {"sched_affinity": cpus}}
+    if name:
+        fw.update(name=name, loaded={})
+    return levers(analysis([rank(i, compute=0.7, host=host) for i in range(local_ranks)], fw))["dataloader"]
+
+
+@pytest.mark.parametrize("name, key", [(None, "num_workers"), ("transformers", "dataloader_num_workers")])
+def test_dataloader_advice_never_lowers_the_workers(name: str | None, key: str) -> None:
+    """Whatever the job has and whatever CPUs each rank gets, no setting proposes fewer
+    workers than the job already runs."""
+    for workers in (0, 1, 2, 4, 8, 16, 32):
+        for cpus in (1, 4, 16, 64):
+            for local in (1, 4, 8):
+                f = _loader_advice(workers, cpus, local, name)
+                proposed = [st["kwargs"][key] for st in f.action["settings"] if key in st["kwargs"]]
+                assert proposed and min(proposed) >= workers, (workers, cpus, local, proposed)
+
+
+def test_dataloader_with_every_cpu_already_a_worker() -> None:
+    # 16 workers, 16 CPUs shared by 4 ranks on the host: 4 per rank, no room for more. The
+    # advice keeps 16 (it used to say 4) and claims no saving; 30% wait is medium, not high
+    f = _loader_advice(16, 16, 4)
+    assert "num_workers=16" in f.action["code"] and f.est_saving_pct is None and f.severity == "medium"
+    assert "4 CPUs already run 16 workers" in f.action["text"]
+    # 2 workers with 16 CPUs for one rank: twice as many, 90% of the 30% wait hidden
+    f = _loader_advice(2, 16, 1)
+    assert "num_workers=4" in f.action["code"] and f.est_saving_pct == 27.0 and f.severity == "high"
+
+
 def test_mixed_precision_on_gpu_only_without_autocast() -> None:
     ops = {"gemm_us": {"fp32": 20_000.0, "tf32": 30_000.0, "bf16": 5_000.0}}
     fw = {"amp": {"autocast": {}}, "device": {"capability": "8.0"}}
@@ -61,6 +93,22 @@ def test_mixed_precision_on_gpu_only_without_autocast() -> None:
     assert "mixed_precision" not in levers(analysis([rank(0, device="cpu", compute=0.8, ops=ops)], fw))
     volta = {"amp": {"autocast": {}}, "device": {"capability": "7.0"}}
     assert "GradScaler" in levers(analysis([rank(0, compute=0.8, ops=ops)], volta))["mixed_precision"].action["code"]
+
+
+@pytest.mark.parametrize("cap, half", [
+    ("7.0", "fp16"), ("7.5", "fp16"), ("8.0", "bf16"), ("8.9", "bf16"), ("9.0", "bf16"),
+    ("10.0", "bf16"), ("12.0", "bf16"), ("12.1", "bf16"), (None, "fp16"), ("", "fp16"), ("sm_x", "fp16"),
+])
+def test_mixed_precision_compares_the_capability_as_numbers(cap: str | None, half: str) -> None:
+    """bf16 from compute capability 8.0 on: Blackwell's "10.0" and "12.0" sort below "8" as
+    text and used to get fp16 with a GradScaler; unreadable or missing stays fp16."""
+    from pardiag.analyzers.levers import capability
+
+    ops = {"gemm_us": {"fp32": 20_000.0}}
+    fw = {"amp": {"autocast": {}}, "device": {"capability": cap}}
+    code = levers(analysis([rank(0, compute=0.8, ops=ops)], fw))["mixed_precision"].action["code"]
+    assert ("torch.bfloat16" in code) == (half == "bf16") and ("GradScaler" in code) == (half == "fp16")
+    assert capability("10.0") == (10, 0) > capability("8.6") == (8, 6) > capability("7") == (7,)
 
 
 def test_straggler_saving_is_the_others_wait() -> None:
@@ -104,9 +152,10 @@ def test_what_if_multiplies_independent_savings() -> None:
 
 
 def test_sync_points_and_host_overhead() -> None:
-    ops = {"sync_calls": 30, "item_calls": 10, "compute_kernel_p50_us": 8.0}
+    ops = {"sync_calls": 30, "item_calls": 10, "item_device_reads": 10, "item_host_reads": 0,
+           "compute_kernel_p50_us": 8.0}
     f = levers(analysis([rank(0, steps=4, compute=0.5, ops=ops)]))
-    assert f["sync_points"].title.startswith("10 host-GPU synchronisations per step")
+    assert f["sync_points"].title.startswith("10 host-GPU synchronisations per step")  # (30 + 10) / 4
     # idle 50% with 8 us kernels: half of the idle time -> 25%
     assert f["host_overhead"].est_saving_pct == 25.0 and f["host_overhead"].severity == "high"
     calm = {"sync_calls": 1, "compute_kernel_p50_us": 200.0}
@@ -118,3 +167,80 @@ def test_bucket_finding_offers_gradient_compression_only_without_a_hook() -> Non
     assert "bf16_compress_hook" in levers(a)["ddp_bucket_size"].action["code"]
     fw = {**DDP_ONE_BUCKET, "ddp": [dict(DDP_ONE_BUCKET["ddp"][0], comm_hook="bf16_compress_hook")]}
     assert "bf16_compress_hook" not in levers(analysis([rank(0, compute=0.6, comm_exposed=0.2)], fw))["ddp_bucket_size"].action["code"]
+
+
+def _window_runs(step_p50: float) -> dict[str, Analysis]:
+    """One run per rule whose saving takes a share of the profiled window (100 ms per
+    profiled step), with the median step `step_p50`."""
+    def one(fw: dict[str, Any] | None = None, device: str = "cuda", **shares: Any) -> Analysis:
+        return analysis([rank(0, step_p50=step_p50, device=device, **shares)], fw)
+
+    return {
+        "dataloader": one({"dataloaders": [{"num_workers": 0}]}, compute=0.5, dataloader=0.3),
+        "gradient_accumulation": one(DDP_ONE_BUCKET, compute=0.6, comm_exposed=0.2),
+        "ddp_bucket_size": one(DDP_ONE_BUCKET, compute=0.6, comm_exposed=0.2),
+        "comm_overlap": one(None, compute=0.6, comm_exposed=0.2),
+        "mixed_precision": one({"amp": {"autocast": {}}, "device": {"capability": "8.0"}}, compute=0.8,
+                               ops={"gemm_us": {"fp32": 40_000.0}}),
+        "host_overhead": one(None, compute=0.5, ops={"compute_kernel_p50_us": 8.0}),
+    }
+
+
+def test_savings_on_window_shares_say_when_profiled_steps_were_slower() -> None:
+    """Profiled steps of 100 ms against a 50 ms median step: inflation 2. Each saving that
+    takes a window share as a share of the median step says so, in its evidence and its
+    assumption; with steps as long inside the window as outside, nothing is said. The
+    savings themselves are the window's: 27% (90% of 30%), 15%, 10%, 10% (half of 20%),
+    30% (fp32 40% x 3/4), 25% (half of 50% idle)."""
+    savings = {"dataloader": 27.0, "gradient_accumulation": 15.0, "ddp_bucket_size": 10.0, "comm_overlap": 10.0,
+               "mixed_precision": 30.0, "host_overhead": 25.0}
+    for lever, a in _window_runs(50_000.0).items():
+        assert a.job_summary.profiled_step_inflation.job == 2.0
+        f = levers(a)[lever]
+        assert f.est_saving_pct == savings[lever], lever
+        assert any("profiled steps took 2x the median step" in e for e in f.evidence), lever
+        assert "(steps there 2x the median step) applied to the median step" in f.action["assumption"], lever
+    for lever, a in _window_runs(100_000.0).items():
+        f = levers(a)[lever]
+        assert f.est_saving_pct == savings[lever], lever
+        assert not any("median step" in e for e in f.evidence) and "median step" not in f.action["assumption"]
+    # a dataloader share over all steps (steps.jsonl) is already of the median step
+    a = analysis([rank(0, step_p50=50_000.0, compute=0.5, host={"step": 50_000.0, "dataloader": 15_000.0})],
+                 {"dataloaders": [{"num_workers": 0}]})
+    f = levers(a)["dataloader"]
+    assert f.est_saving_pct == 27.0 and not any("median step" in e for e in f.evidence)
+
+
+CPU_BF16 = {"amp": {"autocast": {}}, "device": {"bf16_matmul": True, "amx": True},
+            "parameters": {"bytes_by_dtype": {"torch.float32": 1000}}}
+GPU_NO_AMP = {"amp": {"autocast": {}}, "device": {"capability": "8.0"}}
+
+# (lever, run, the share of the step the change works on (%), the saving worked out by hand (%))
+BOUNDS = [
+    # an input wait recorded longer than its step (150 of 100 ms) is the whole step: 90% of
+    # 100%, not of 150%
+    ("dataloader", analysis([rank(0, compute=0.5, host={"step": 100_000.0, "dataloader": 150_000.0})],
+                            {"dataloaders": [{"num_workers": 0}]}), 100.0, 90.0),
+    # fp32 GEMMs on concurrent streams add up to 150 ms in a 100 ms window with 80% compute:
+    # the GEMM time is at most the compute, 80%, of which 3/4 saved (not 150% x 3/4 = 112.5%)
+    ("mixed_precision", analysis([rank(0, compute=0.8, ops={"gemm_us": {"fp32": 150_000.0}})], GPU_NO_AMP),
+     80.0, 60.0),
+    # 60 + 60 ms of fp32 and TF32 in 60% compute: each scaled by 60/120, saved 3/4 and 1/3:
+    # (60% x 3/4 + 60% x 1/3) / 2 = 32.5%
+    ("mixed_precision", analysis([rank(0, compute=0.6, ops={"gemm_us": {"fp32": 60_000.0, "tf32": 60_000.0}})],
+                                 GPU_NO_AMP), 60.0, 32.5),
+    # 90 ms of CPU matmuls in 50% compute: 50% at most, half of it saved
+    ("mixed_precision", analysis([rank(0, device="cpu", compute=0.5, ops={"cpu_gemm_us": 90_000.0})], CPU_BF16),
+     50.0, 25.0),
+    ("gradient_accumulation", analysis([rank(0, compute=0.0, comm_exposed=0.6)], DDP_ONE_BUCKET), 60.0, 45.0),
+    # one bucket with 10% compute to overlap: half of min(60%, 10%)
+    ("ddp_bucket_size", analysis([rank(0, compute=0.1, comm_exposed=0.6)], DDP_ONE_BUCKET), 60.0, 5.0),
+    ("comm_overlap", analysis([rank(0, compute=0.1, comm_exposed=0.6)]), 60.0, 5.0),
+    ("host_overhead", analysis([rank(0, compute=0.0, ops={"compute_kernel_p50_us": 8.0})]), 100.0, 50.0),
+]
+
+
+@pytest.mark.parametrize("lever, a, removes, saving", BOUNDS, ids=[f"{b[0]}-{i}" for i, b in enumerate(BOUNDS)])
+def test_a_saving_never_exceeds_the_time_it_removes(lever: str, a: Analysis, removes: float, saving: float) -> None:
+    f = levers(a)[lever]
+    assert f.est_saving_pct == saving and saving <= removes

@@ -110,6 +110,60 @@ def test_item_reads_are_counted_once_on_a_real_gpu_trace() -> None:
     ops = op_stats(load_trace(path), (float("-inf"), float("inf")))
     assert ops["item_calls"] == 3
     assert ops["sync_calls"] == 0  # cudaMemcpyAsync is not a sync call by itself
+    # each read has a cudaMemcpyAsync inside it on its thread: three reads from the device
+    reads = [e for e in events if e.get("name") == "aten::_local_scalar_dense"]
+    copies = [e for e in events if e.get("cat") == "cuda_runtime" and e.get("name") == "cudaMemcpyAsync"]
+    assert all(any(c["tid"] == r["tid"] and r["ts"] <= c["ts"] <= r["ts"] + r["dur"] for c in copies) for r in reads)
+    assert (ops["item_device_reads"], ops["item_host_reads"]) == (3, 0)
+
+
+def test_syncs_of_a_real_trace_without_value_reads() -> None:
+    """a100-2rank-rank0 (counted with json): no .item() or nonzero, and 25 runtime calls
+    that wait by themselves (24 cudaEventSynchronize, 1 cudaDeviceSynchronize)."""
+    import gzip
+    import json
+
+    from conftest import FIXTURES
+    from pardiag.analyzers.rank_trace import op_stats
+    from pardiag.analyzers.trace import load_trace
+
+    path = FIXTURES / "gpu-traces" / "a100-2rank-rank0" / "nccl_data.json.gz"
+    events = json.load(gzip.open(path))["traceEvents"]
+    names = [e.get("name") for e in events if e.get("cat") == "cuda_runtime"]
+    assert (names.count("cudaEventSynchronize"), names.count("cudaDeviceSynchronize")) == (24, 1)
+    assert not {"aten::_local_scalar_dense", "aten::nonzero"} & {e.get("name") for e in events}
+    ops = op_stats(load_trace(path), (float("-inf"), float("inf")))
+    assert ops["sync_calls"] == 25 and ops.get("item_device_reads", 0) == 0
+
+
+def test_a_value_read_is_a_sync_only_when_it_reads_the_device(tmp_path: Path) -> None:
+    """Four reads on thread 1: a CPU tensor's (nothing inside), a GPU tensor's (a copy and a
+    stream sync inside: one read), a HIP read, and a nonzero that reads a step counter
+    inside it (one outer read). A copy on another thread during the first read is not
+    its; a stream sync outside any read is a sync of its own."""
+    from pardiag.analyzers.rank_trace import op_stats
+    from pardiag.analyzers.trace import load_trace
+
+    def rt(name: str, ts: float, corr: int, tid: int = 1) -> dict[str, object]:
+        return x(name, ts, 5, tid=tid, cat="cuda_runtime", correlation=corr)
+
+    events = [
+        x("ProfilerStep#1", 0, 1000, cat="user_annotation"),
+        x("aten::_local_scalar_dense", 100, 20),  # host memory
+        rt("cudaMemcpyAsync", 105, 1, tid=2),  # another thread's copy
+        x("aten::_local_scalar_dense", 200, 50),
+        rt("cudaMemcpyAsync", 210, 2), rt("cudaStreamSynchronize", 230, 3),
+        x("aten::_local_scalar_dense", 300, 50),
+        rt("hipMemcpyWithStream", 310, 4),
+        x("aten::nonzero", 400, 100),
+        x("aten::_local_scalar_dense", 420, 10),  # nested: the nonzero's own read
+        rt("cudaMemcpyAsync", 450, 5),
+        rt("cudaStreamSynchronize", 600, 6),
+        x("aten::_local_scalar_dense", 1500, 20), rt("cudaMemcpyAsync", 1505, 7),  # after the window
+    ]
+    ops = op_stats(load_trace(write_trace(tmp_path / "r.json", events)), (0.0, 1000.0))
+    assert (ops["item_calls"], ops["item_device_reads"], ops["item_host_reads"]) == (4, 3, 1)
+    assert ops["sync_calls"] == 1
 
 
 def test_collectives_are_named_by_what_the_program_asked_for(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from pardiag.analyzers import levers, rules
 from pardiag.analyzers.pipeline import analyze_path
 from pardiag.analyzers.nccl.log import parse_nccl_logs
 from pardiag.analyzers.rules import RULES, Row, RuleContext, advise, ordered, run_rules
-from factories import DDP_ONE_BUCKET, analysis, finding, gpu_telemetry, rank, telemetry_summary
+from factories import DDP_ONE_BUCKET, analysis, finding, gpu_telemetry, lever_runs, rank, telemetry_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared"
@@ -166,3 +166,30 @@ def test_a_failing_rule_is_a_notice_and_a_wrong_lever_a_failure(monkeypatch: pyt
         "lever rule mislabelled failed: ValueError: returned lever dataloader, not its row's sync_points"]
     with pytest.raises(KeyError):
         run_rules(RuleContext(analysis([rank(0)])))
+
+
+# -- severity follows the saving ------------------------------------------------------------
+
+# rules whose docstring says why a finding with no saving estimated may be high
+HIGH_WITHOUT_SAVING = {"sharding": "the next larger batch runs out of memory"}
+
+
+def test_no_lever_finding_is_high_without_the_saving_to_match() -> None:
+    """Over many built runs: a finding that saves under SAVING_LOW of the step is low, and
+    one with no (or no positive) saving is not high unless its rule's docstring says why.
+    comm_overlap used to be high with 30% exposed communication and nothing to hide it
+    under (0% saving)."""
+    low = 100 * levers.SAVING_LOW
+    seen: Counter[str] = Counter()
+    for a in lever_runs():
+        for f in run_rules(RuleContext(a), "lever"):
+            seen[f.lever] += 1
+            if f.est_saving_pct is not None and f.est_saving_pct < low:
+                assert f.severity == "low", (f.lever, f.est_saving_pct, f.severity, f.title)
+            if not f.est_saving_pct and f.severity == "high":
+                seen["high without saving"] += 1
+                why = HIGH_WITHOUT_SAVING.get(f.lever)
+                assert why and why in " ".join((getattr(levers, f.lever).__doc__ or "").split()), f.lever
+    # the runs reach every rule that estimates a saving, and the high-without-saving one
+    assert {"dataloader", "gradient_accumulation", "ddp_bucket_size", "comm_overlap", "mixed_precision",
+            "host_overhead", "sync_points", "sharding", "batch_size", "high without saving"} <= set(seen), seen
