@@ -538,12 +538,17 @@ def _plain_run_info(inputs: list[RankInput], ranks: Sequence[RankResult]) -> dic
     return out
 
 
+def _version_key(v: str) -> tuple[tuple[int, int | str], ...]:
+    """'2.9.6+cuda11.3' before '2.10.3': the numbers compared as numbers."""
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"[.+\-]", v))
+
+
 def _nccl_run_info(nccl: dict[str, Any]) -> dict[str, Any]:
     """With NCCL logs only: the world size, hosts and NCCL version the logs name."""
     if not nccl:
         return {}
     hosts = nccl.get("hosts") or ()
-    versions = sorted({v for h in hosts for v in h.get("versions") or ()})
+    versions = sorted({v for h in hosts for v in h.get("versions") or ()}, key=_version_key)
     out: dict[str, Any] = {"backend": "nccl", "device_type": "cuda",
                            "hosts": sorted({h["host"] for h in hosts if h.get("host")})}
     if nccl.get("world_size"):

@@ -312,3 +312,10 @@ def test_cli_process_on_a_mismatch_log() -> None:
     res = run_pardiag("analyze", "--nccl-log", str(DATA / "rccl-banner-prefixed-two-hosts.log"))
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
     assert "RCCL version" in res.stdout
+
+
+def test_the_run_block_lists_nccl_versions_in_version_order() -> None:
+    from pardiag.analyzers.pipeline import _nccl_run_info
+
+    hosts = [{"host": "b", "versions": ["2.10.3"]}, {"host": "a", "versions": ["2.9.6+cuda11.3"]}]
+    assert _nccl_run_info({"hosts": hosts})["versions"] == {"nccl": "2.9.6+cuda11.3, 2.10.3"}  # not text order
