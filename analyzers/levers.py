@@ -315,9 +315,12 @@ def straggler(ctx: RuleContext) -> list[Finding]:
     if not ctx.analysis.stragglers or ctx.step_us <= 0:
         return []
     s = max(ctx.analysis.stragglers, key=lambda s: s.excess_us_per_step)
-    # fixed, the others stop waiting for it: the step shrinks by their extra wait
+    # fixed, the others stop waiting for it: the step shrinks by their extra wait, but
+    # never by more than the straggler's extra work (the time the fix removes) nor by
+    # more than the step itself
     held = s.held_us_per_step if s.held_us_per_step is not None else s.excess_us_per_step
-    share = held / ctx.step_us
+    saving = min(held, s.excess_us_per_step, ctx.step_us)
+    share = saving / ctx.step_us
     what = {
         "dataloader": "rank {r} waits longer for its input: check that each rank's shard of the data costs the same "
         "(sample sizes, augmentation), give it more DataLoader workers, or check its disk/network.",
@@ -336,7 +339,7 @@ def straggler(ctx: RuleContext) -> list[Finding]:
               f"the others wait {held / 1000:.1f} ms per step for it",
         evidence=list(s.evidence),
         ranks=[s.rank],
-        est_saving_pct=_pct(min(share, 0.95)),
+        est_saving_pct=_pct(share),
         action={"text": what.format(r=s.rank), "assumption": "the others stop waiting for it", "code": f"# check rank {s.rank}: nvidia-smi -q -d CLOCK,PERFORMANCE; top -H -p <pid>"},
     )]
 

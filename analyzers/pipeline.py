@@ -18,7 +18,7 @@ from pardiag.analyzers.collectives import clock_offsets, end_times, match
 from pardiag.analyzers.groups import process_groups
 from pardiag.analyzers.rank_trace import RankTrace, analyze_rank_trace
 from pardiag.analyzers.steps import step_stats
-from pardiag.analyzers.stragglers import RankEvidence, find_stragglers
+from pardiag.analyzers.stragglers import RankEvidence, find_stragglers, step_tiles, step_waits
 from pardiag.analyzers.trace import trace_head
 from pardiag.errors import UserError
 from pardiag.rank_meta import RankMeta
@@ -184,6 +184,8 @@ def analyze_path(
     )
     _self_checks(traces, matched, world, manifest, notices, run, inputs)
 
+    window_waits = step_waits({r: t.collectives for r, t in traces.items()},
+                              {r: t.steps for r, t in traces.items() if t.steps})
     evidence = {
         r.rank: RankEvidence(
             rank=r.rank,
@@ -191,6 +193,9 @@ def analyze_path(
             wait_us=r.wait_us,
             phases_us=r.phases_us,
             step_records=step_records[r.rank],
+            step_waits_us=window_waits.get(r.rank, {}),
+            step_lengths_us={k: hi - lo for k, (lo, hi) in step_tiles(traces[r.rank].steps).items()}
+            if r.rank in traces else {},
         )
         for r in ranks
         if r.steps_profiled > 0 or run is not None

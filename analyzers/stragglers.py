@@ -28,11 +28,17 @@ least 75% of the steps. Below that, differences between ranks are noise.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Mapping, Sequence
+
+import numpy as np
 
 from pardiag.analysis import Straggler
 from pardiag import step_records
+from pardiag.analyzers.intervals import total_length
+from pardiag.analyzers.rank_trace import CollectiveCall, StepSpan
+from pardiag.analyzers.timeline import clip
 from pardiag.step_records import StepRecord, counted
 
 MIN_SHARE = 0.10  # TraceML: under 10% of the step is no finding
@@ -54,17 +60,68 @@ class RankEvidence:
     wait_us: float  # in the window, inside collectives
     phases_us: Mapping[str, float]  # in the window
     step_records: Sequence[StepRecord]  # steps.jsonl
+    # per profiled step (ProfilerStep spans, tiled): the time the rank waited inside
+    # collectives, overlapping waits counted once (`step_waits`), and the step's length
+    step_waits_us: Mapping[int, float] = field(default_factory=dict)
+    step_lengths_us: Mapping[int, float] = field(default_factory=dict)
 
 
+def step_tiles(spans: Sequence[StepSpan]) -> dict[int, tuple[float, float]]:
+    """Each profiled step's time: from its start to the next step's start (the steps
+    tile the window, as the phases do), the last to its own end."""
+    return {sp.step: (sp.start_us, spans[i + 1].start_us if i + 1 < len(spans) else sp.end_us)
+            for i, sp in enumerate(spans)}
+
+
+def step_waits(calls: Mapping[int, Sequence[CollectiveCall]],
+               spans: Mapping[int, Sequence[StepSpan]]) -> dict[int, dict[int, float]]:
+    """Per rank and profiled step, the time spent waiting for other ranks inside
+    collectives. A collective matched across ranks (same group, step and position, same
+    op, timed) makes each rank wait its duration minus the shortest one, at the start
+    of the call (it arrived early). Several collectives in flight at once (gloo runs
+    DDP's buckets concurrently) wait for the same late rank: their waits overlap in
+    time and are counted once, as the union of the intervals, cut to each step."""
+    instances: dict[tuple[str, int | None, int], dict[int, CollectiveCall]] = defaultdict(dict)
+    for rank, cs in calls.items():
+        seen: dict[tuple[str, int | None], int] = defaultdict(int)
+        for c in cs:
+            k = (c.process_group, c.step)
+            instances[(c.process_group, c.step, seen[k])][rank] = c
+            seen[k] += 1
+    iv: dict[int, tuple[list[float], list[float]]] = {r: ([], []) for r in calls}
+    for by_rank in instances.values():
+        if len(by_rank) < 2 or len({c.op for c in by_rank.values()}) > 1:
+            continue
+        if any(c.timing == "launch" for c in by_rank.values()):
+            continue
+        transfer = min(c.dur_us for c in by_rank.values())
+        for r, c in by_rank.items():
+            if c.dur_us > transfer:
+                iv[r][0].append(c.start_us)
+                iv[r][1].append(c.start_us + c.dur_us - transfer)
+    out: dict[int, dict[int, float]] = {}
+    for r, sp in spans.items():
+        starts = np.array(iv.get(r, ([], []))[0], dtype=np.float64)
+        ends = np.array(iv.get(r, ([], []))[1], dtype=np.float64)
+        out[r] = {step: total_length(*clip((starts, ends), lo, hi)) for step, (lo, hi) in step_tiles(sp).items()}
+    return out
 def _median(xs: Sequence[float]) -> float:
     return float(statistics.median(xs)) if xs else 0.0
+
+
+def _window_wait(ev: RankEvidence) -> float:
+    """Time waiting inside collectives per profiled step: the per-step union when
+    measured, else the sum over collectives (which counts overlapping waits twice)."""
+    if ev.step_waits_us:
+        return sum(ev.step_waits_us.values()) / len(ev.step_waits_us)
+    return ev.wait_us / max(ev.steps_in_window, 1)
 
 
 def _per_step(ev: RankEvidence) -> dict[str, float]:
     n = max(ev.steps_in_window, 1)
     out = {k: v / n for k, v in ev.phases_us.items()}
     # what backward did besides waiting for the others
-    out["backward"] = max(out.get("backward", 0.0) - ev.wait_us / n, 0.0)
+    out["backward"] = max(out.get("backward", 0.0) - _window_wait(ev), 0.0)
     return out
 
 
@@ -114,11 +171,16 @@ def find_stragglers(evidence: Mapping[int, RankEvidence]) -> list[Straggler]:
     if have_window:
         # Waiting inside collectives only: gaps between operators ("idle") on a CPU
         # rank are also Python time, so they do not tell waiting from working.
-        waits = {r: ev.wait_us / ev.steps_in_window for r, ev in evidence.items()}
+        waits = {r: _window_wait(ev) for r, ev in evidence.items()}
         candidate = min(waits, key=lambda r: waits[r])
         others = [w for r, w in waits.items() if r != candidate]
         excess = _median(others) - waits[candidate]
         source = "profiled window"
+        # the share is of the window's own steps: profiled steps run longer than the
+        # others, so a wait measured there is not a share of the steps.jsonl median
+        lengths = [v for ev in evidence.values() for v in ev.step_lengths_us.values() if v > 0]
+        if lengths:
+            step_us = _median(lengths)
     else:
         wait_key = f"{_wait_signal()}_host"
         host = {r: _host_medians(ev) for r, ev in evidence.items()}
@@ -134,7 +196,9 @@ def find_stragglers(evidence: Mapping[int, RankEvidence]) -> list[Straggler]:
     if consistency is not None and consistency < MIN_CONSISTENCY:
         return []
     cause, deltas = _cause(candidate, evidence, have_window)
-    extra_work = sum(d for d in deltas.values() if d > 0)
+    # a per-step figure cannot exceed the step it is part of
+    excess = min(excess, step_us)
+    extra_work = min(sum(d for d in deltas.values() if d > 0), step_us)
     evidence_lines = [
         f"the other ranks wait {excess / 1000:.1f} ms per step more than rank {candidate} "
         f"({excess / step_us:.0%} of the {step_us / 1000:.1f} ms median step; from the {source})",
