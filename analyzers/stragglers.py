@@ -6,23 +6,29 @@ time the others lose per step is its excess. Its cause is the phase in which it
 spends more than the other ranks (input loading, forward, backward compute,
 optimizer, or host work outside those), compared per step.
 
-Two sources, the stronger first:
-- the profiled window: waits measured on matched collectives and phases cut from the
-  trace;
+The per-step evidence, the longer first:
 - every counted step from steps.jsonl (`step_records.counted`): the host time inside
   backward includes DDP's wait for the all-reduce (the signal marked `holds_wait`), so
-  a straggler shows as the rank with the shortest backward in most steps, and its
-  extra time in the other signals with a straggler cause (DataLoader, forward,
-  optimizer: `step_records.SIGNALS`) is measured directly. A signal a rank never
-  observed is missing from its medians, not 0.
+  a straggler shows as the rank with the shortest backward, and its extra time in the
+  other signals with a straggler cause (DataLoader, forward, optimizer:
+  `step_records.SIGNALS`) or outside all of them is measured directly. A signal a rank
+  never observed is missing from its medians, not 0.
+- the profiled window's steps (ProfilerStep spans; a plain trace folder has only
+  these): per step, the time each rank waited inside matched collectives, waits of
+  collectives in flight together counted once (`step_waits`), and the phases cut from
+  the trace.
 
-The excess reported is the straggler's extra work per step (the sum of its phases'
-excess over the other ranks' medians), at least the others' extra waiting.
+Significance: per step, the others' wait (median) less the candidate's is its excess;
+the 95% bootstrap interval of its median over the steps (with fewer than 5 steps, the
+smallest step) must clear a floor: 10% of the median step (as TraceML: below that, no
+finding), 1 ms, and the noise measured on the run itself (the spread between the other
+ranks, or with two ranks how far the excess wanders from step to step). The candidate
+must also wait least in at least 75% of the steps, and its own phases (the tables the
+Analysis shows) must hold extra work above the same 10% and 1 ms: otherwise the
+evidence would contradict the tables, and nothing is named.
 
-Thresholds: a straggler must cost the others at least 10% of the median step time (as
-TraceML: below that, no finding) and
-at least 1 ms per step, and (where steps.jsonl has at least 5 steps) wait least in at
-least 75% of the steps. Below that, differences between ranks are noise.
+Figures: `held_us_per_step` is the median excess, `excess_us_per_step` the extra work
+its phases show; both are bounded by the step.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ from pardiag.step_records import StepRecord, counted
 MIN_SHARE = 0.10  # TraceML: under 10% of the step is no finding
 MIN_US = 1000.0
 MIN_CONSISTENCY = 0.75
+MIN_STEPS = 5  # fewer steps: every one must clear the floor (no interval from so few)
+BOOTSTRAP = 2000
 CAUSE_NAMES = {
     "dataloader": "dataloader",
     "forward": "forward",
@@ -64,6 +72,12 @@ class RankEvidence:
     # collectives, overlapping waits counted once (`step_waits`), and the step's length
     step_waits_us: Mapping[int, float] = field(default_factory=dict)
     step_lengths_us: Mapping[int, float] = field(default_factory=dict)
+
+    @property
+    def window_step_us(self) -> float:
+        """The profiled window's mean step: its steps' lengths, else 0."""
+        v = self.step_lengths_us
+        return sum(v.values()) / len(v) if v else 0.0
 
 
 def step_tiles(spans: Sequence[StepSpan]) -> dict[int, tuple[float, float]]:
@@ -130,9 +144,11 @@ def _wait_signal() -> str:
 
 
 def _host_medians(ev: RankEvidence) -> dict[str, float]:
-    """Medians over the counted steps: "step" (the duration), "<wait signal>_host" (the
-    host time that holds the wait) and every other signal with a straggler cause, keyed
-    by its cause; a signal with no value in any counted step is absent."""
+    """Medians over the counted steps (the rank's host phases in the Analysis):
+    "step" (the duration), "<wait signal>_host" (the host time that holds the wait),
+    every other signal with a straggler cause, keyed by its cause, and "other": the
+    step less those medians (host time no signal measures). A signal with no value in
+    any counted step is absent, and so is "other" then."""
     recs = [r for r in ev.step_records if counted(r)]
     out: dict[str, float] = {}
     cols: dict[str, list[float]] = {"step": [r.dur_us for r in recs if r.dur_us is not None]}
@@ -143,83 +159,151 @@ def _host_medians(ev: RankEvidence) -> dict[str, float]:
     for key, xs in cols.items():
         if xs:
             out[key] = _median(xs)
+    if len(out) == len(cols) and "other" not in cols:
+        out["other"] = max(out["step"] - sum(v for k, v in out.items() if k != "step"), 0.0)
     return out
 
 
-def _consistency(candidate: int, evidence: Mapping[int, RankEvidence]) -> float | None:
-    """Share of the counted steps in which the candidate's host backward time (which
-    contains its wait) is below every other rank's."""
+@dataclass(frozen=True)
+class _Series:
+    """Per step, each rank's wait (or the signal that holds it) and the step's length."""
+
+    source: str
+    waits: dict[int, dict[int, float]]  # step -> rank -> us
+    lengths: list[float]
+
+
+def _series(evidence: Mapping[int, RankEvidence]) -> _Series | None:
+    """The per-step evidence: steps.jsonl when every rank has at least MIN_STEPS counted
+    steps in common (the backward signal holds the wait), else the profiled window's
+    steps (ProfilerStep spans: a plain trace folder has nothing else)."""
     wait = _wait_signal()
     by_step: dict[int, dict[int, float]] = {}
+    durs: dict[int, list[float]] = {}
     for r, ev in evidence.items():
         for rec in ev.step_records:
             if counted(rec) and (v := rec.get(wait)) is not None:
                 by_step.setdefault(rec.step, {})[r] = v
-    full = [d for d in by_step.values() if len(d) == len(evidence)]
-    if len(full) < 5:
+                if rec.dur_us is not None:
+                    durs.setdefault(rec.step, []).append(rec.dur_us)
+    full = {k: d for k, d in by_step.items() if len(d) == len(evidence)}
+    if len(full) >= MIN_STEPS:
+        return _Series("steps.jsonl", full, [_median(durs.get(k, [])) for k in full])
+    if not all(ev.steps_in_window > 0 for ev in evidence.values()):
         return None
-    wins = sum(1 for d in full if d[candidate] <= min(v for r, v in d.items() if r != candidate))
-    return wins / len(full)
+    if all(ev.step_waits_us for ev in evidence.values()):
+        common = set.intersection(*(set(ev.step_waits_us) for ev in evidence.values()))
+        waits = {k: {r: ev.step_waits_us[k] for r, ev in evidence.items()} for k in sorted(common)}
+        lengths = [_median([ev.step_lengths_us[k] for ev in evidence.values() if k in ev.step_lengths_us])
+                   for k in waits]
+    else:  # no per-step waits: the window as one step
+        waits = {0: {r: _window_wait(ev) for r, ev in evidence.items()}}
+        lengths = [_median([ev.window_step_us for ev in evidence.values() if ev.window_step_us > 0])]
+    if not waits or not any(x > 0 for x in lengths):
+        return None
+    return _Series("profiled window", waits, lengths)
+
+
+def _interval(xs: Sequence[float]) -> tuple[float, float]:
+    """95% bootstrap interval of the median (fixed seed: the same run gives the same
+    answer); under MIN_STEPS values, the smallest and largest."""
+    if len(xs) < MIN_STEPS:
+        return min(xs), max(xs)
+    a = np.asarray(xs, dtype=np.float64)
+    rng = np.random.default_rng(0)
+    meds = np.median(a[rng.integers(0, a.size, size=(BOOTSTRAP, a.size))], axis=1)
+    return float(np.percentile(meds, 2.5)), float(np.percentile(meds, 97.5))
+
+
+def _noise(series: _Series, candidate: int, excess: Sequence[float]) -> float:
+    """How much ranks differ per step when none holds the others back, measured on the
+    run itself: with three or more ranks, the median spread of the other ranks' waits
+    (ranks that are not the candidate); with two, the median change of the candidate's
+    excess from one step to the next (how far it wanders by itself)."""
+    spreads = []
+    for d in series.waits.values():
+        others = [v for r, v in d.items() if r != candidate]
+        if len(others) >= 2:
+            spreads.append(max(others) - min(others))
+    if spreads:
+        return _median(spreads)
+    return _median([abs(b - a) for a, b in zip(excess, excess[1:])])
 
 
 def find_stragglers(evidence: Mapping[int, RankEvidence]) -> list[Straggler]:
+    """The rank the others wait for, when the wait is significant over the steps (its
+    95% interval clears a noise floor measured from the run) and the rank's own phases
+    show the extra work that explains it; otherwise none."""
     if len(evidence) < 2:
         return []
-    have_window = all(ev.steps_in_window > 0 for ev in evidence.values())
-    step_medians = [_host_medians(ev).get("step") for ev in evidence.values()]
-    step_us = _median([s for s in step_medians if s is not None and s > 0])
-    if have_window:
-        # Waiting inside collectives only: gaps between operators ("idle") on a CPU
-        # rank are also Python time, so they do not tell waiting from working.
-        waits = {r: _window_wait(ev) for r, ev in evidence.items()}
-        candidate = min(waits, key=lambda r: waits[r])
-        others = [w for r, w in waits.items() if r != candidate]
-        excess = _median(others) - waits[candidate]
-        source = "profiled window"
-        # the share is of the window's own steps: profiled steps run longer than the
-        # others, so a wait measured there is not a share of the steps.jsonl median
-        lengths = [v for ev in evidence.values() for v in ev.step_lengths_us.values() if v > 0]
-        if lengths:
-            step_us = _median(lengths)
-    else:
-        wait_key = f"{_wait_signal()}_host"
-        host = {r: _host_medians(ev) for r, ev in evidence.items()}
-        bwd = {r: h[wait_key] for r, h in host.items() if wait_key in h}
-        if len(bwd) < 2:
-            return []
-        candidate = min(bwd, key=lambda r: bwd[r])
-        excess = _median([b for r, b in bwd.items() if r != candidate]) - bwd[candidate]
-        source = "steps.jsonl"
-    if step_us <= 0 or excess < max(MIN_US, MIN_SHARE * step_us):
+    series = _series(evidence)
+    if series is None:
         return []
-    consistency = _consistency(candidate, evidence)
+    steps = list(series.waits.values())
+    mean_wait = {r: sum(d[r] for d in steps) / len(steps) for r in evidence}
+    candidate = min(mean_wait, key=lambda r: (mean_wait[r], r))
+    step_us = _median([x for x in series.lengths if x > 0])
+    excess = [min(_median([v for r, v in d.items() if r != candidate]) - d[candidate], length or step_us)
+              for d, length in zip(steps, series.lengths)]
+    held = min(max(_median(excess), 0.0), step_us)
+    lo, hi = _interval(excess)
+    noise = _noise(series, candidate, excess)
+    floor = max(MIN_US, MIN_SHARE * step_us, noise)
+    if step_us <= 0 or lo <= floor:
+        return []
+    consistency = _consistency(candidate, series)
     if consistency is not None and consistency < MIN_CONSISTENCY:
         return []
-    cause, deltas = _cause(candidate, evidence, have_window)
-    # a per-step figure cannot exceed the step it is part of
-    excess = min(excess, step_us)
+    window = series.source == "profiled window"
+    tables = _tables(evidence, window)
+    cause, deltas = _cause(candidate, tables)
     extra_work = min(sum(d for d in deltas.values() if d > 0), step_us)
+    if extra_work < max(MIN_US, MIN_SHARE * step_us):
+        # the others wait, but this rank's own phases do not show the work that would
+        # make them: no rank to name (the evidence would contradict the tables)
+        return []
+    n = len(excess)
     evidence_lines = [
-        f"the other ranks wait {excess / 1000:.1f} ms per step more than rank {candidate} "
-        f"({excess / step_us:.0%} of the {step_us / 1000:.1f} ms median step; from the {source})",
+        f"the other ranks wait {held / 1000:.1f} ms per step more than rank {candidate} "
+        f"({held / step_us:.0%} of the {step_us / 1000:.1f} ms median step; both from the {series.source})",
+        f"per step over {n} step{'s' if n != 1 else ''}: {'95% interval' if n >= MIN_STEPS else 'range'} "
+        f"{lo / 1000:.1f} to {hi / 1000:.1f} ms, above the noise floor of {floor / 1000:.1f} ms",
     ]
-    held = excess
     if consistency is not None:
         evidence_lines.append(f"rank {candidate} waits least in {consistency:.0%} of all steps")
+    table = "profiled window, per step" if window else "medians over all steps, steps.jsonl"
+    others_of = {k: _median([t[k] for r, t in tables.items() if r != candidate and k in t]) for k in deltas}
     for phase, d in sorted(deltas.items(), key=lambda kv: -kv[1])[:3]:
         if d > 0:
-            evidence_lines.append(f"{CAUSE_NAMES.get(phase, phase)}: +{d / 1000:.1f} ms per step vs the median of the other ranks")
-    return [Straggler(rank=candidate, excess_us_per_step=max(held, extra_work), cause=cause,
+            name = "backward less its wait in collectives" if window and phase == "backward" else \
+                CAUSE_NAMES.get(phase, phase)
+            evidence_lines.append(f"{name}: {tables[candidate][phase] / 1000:.1f} ms per step on rank {candidate} vs "
+                                  f"{others_of[phase] / 1000:.1f} ms on the others (median; {table})")
+    return [Straggler(rank=candidate, excess_us_per_step=extra_work, cause=cause,
                       evidence=evidence_lines, held_us_per_step=held)]
 
 
-def _cause(candidate: int, evidence: Mapping[int, RankEvidence], have_window: bool) -> tuple[str, dict[str, float]]:
-    if have_window:
-        per = {r: _per_step(ev) for r, ev in evidence.items()}
-        keys: tuple[str, ...] = ("dataloader", "forward", "backward", "optimizer", "other")
-    else:
-        per = {r: _host_medians(ev) for r, ev in evidence.items()}
-        keys = tuple(s.cause for s in step_records.SIGNALS if s.cause is not None and not s.holds_wait)
+def _consistency(candidate: int, series: _Series) -> float | None:
+    """Share of the steps in which the candidate waits least (on steps.jsonl: its host
+    backward time, which contains its wait, is below every other rank's)."""
+    steps = list(series.waits.values())
+    if len(steps) < MIN_STEPS:
+        return None
+    wins = sum(1 for d in steps if d[candidate] <= min(v for r, v in d.items() if r != candidate))
+    return wins / len(steps)
+
+
+def _tables(evidence: Mapping[int, RankEvidence], window: bool) -> dict[int, dict[str, float]]:
+    """Each rank's per-step phases as the Analysis shows them: the window's phases per
+    profiled step (backward less the rank's wait in collectives), or the medians over
+    the counted steps of steps.jsonl."""
+    if window:
+        return {r: _per_step(ev) for r, ev in evidence.items()}
+    return {r: _host_medians(ev) for r, ev in evidence.items()}
+
+
+def _cause(candidate: int, per: Mapping[int, Mapping[str, float]]) -> tuple[str, dict[str, float]]:
+    keys = [k for k in ("dataloader", "forward", "backward", "optimizer", "other")]
     deltas = {}
     for k in keys:
         others = [p[k] for r, p in per.items() if r != candidate and k in p]

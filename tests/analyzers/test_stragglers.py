@@ -7,6 +7,7 @@ from pardiag.analysis import Straggler
 from pardiag.analyzers.rank_trace import CollectiveCall, StepSpan
 from pardiag.analyzers.rules import advise
 from pardiag.analyzers.stragglers import RankEvidence, find_stragglers, step_waits
+from pardiag.step_records import StepRecord
 from factories import analysis, rank
 
 MS = 1000.0
@@ -85,3 +86,86 @@ def test_saving_never_exceeds_the_work_removed_nor_the_step() -> None:
     s = Straggler(rank=1, excess_us_per_step=150 * MS, cause="forward", evidence=["e"], held_us_per_step=121 * MS)
     (f,) = [f for f in advise(analysis(ranks, stragglers=[s])).findings if f.lever == "straggler"]
     assert f.est_saving_pct is not None and f.est_saving_pct <= 100.0
+
+
+# -- significance over the steps, and evidence that agrees with the tables ----------------
+
+
+def records(r: int, steps: int, *, data: float, fwd: float, bwd: list[float] | float, opt: float,
+            step: float = 66 * MS) -> list[StepRecord]:
+    bwds = bwd if isinstance(bwd, list) else [bwd] * steps
+    return [StepRecord(step=k, t_end_ns=k, dur_us=step, pardiag_us=0.0,
+                       signals={"dataloader": data, "forward": fwd, "backward": bwds[k], "optimizer": opt,
+                                "forwards": 1, "backwards": 1})
+            for k in range(steps)]
+
+
+def jsonl(recs: dict[int, list[StepRecord]]) -> dict[int, RankEvidence]:
+    return {r: RankEvidence(rank=r, steps_in_window=0, wait_us=0.0, phases_us={}, step_records=rs)
+            for r, rs in recs.items()}
+
+
+def test_balanced_control_names_no_one() -> None:
+    # the bf16 / no_sync control: rank 1's backward (DDP's wait included) is 1 ms shorter
+    # in 18 of 20 counted steps (it "waits least in 90% of the steps"), and the profiled
+    # window's collectives, summed over concurrent buckets, claimed 9 ms more waiting on
+    # rank 0 per step (14% of the 66 ms step) while the union of its waits is 1 ms.
+    # A 1 ms difference is under the floor (10% of the step): no straggler.
+    bwd1 = [38 * MS] * 21
+    bwd1[5] = bwd1[9] = 40 * MS
+    recs = {0: records(0, 21, data=1 * MS, fwd=10 * MS, bwd=39 * MS, opt=5 * MS),
+            1: records(1, 21, data=1 * MS, fwd=10 * MS, bwd=bwd1, opt=5 * MS)}
+    ev = {r: RankEvidence(rank=r, steps_in_window=3, wait_us=(9 * MS if r == 0 else 0.0) * 3,
+                          phases_us={"forward": 30 * MS, "backward": 117 * MS + (3 * MS if r == 0 else 0.0),
+                                     "optimizer": 15 * MS, "dataloader": 3 * MS, "other": 33 * MS},
+                          step_records=rs, step_waits_us={k: (1 * MS if r == 0 else 0.0) for k in range(3)},
+                          step_lengths_us={k: 66 * MS for k in range(3)})
+          for r, rs in recs.items()}
+    assert find_stragglers(ev) == []
+
+
+def test_jitter_without_a_slow_rank_names_no_one() -> None:
+    # rank 1 waits less by 0 or 14 ms in alternate steps: the interval of the median
+    # reaches down to 0, under the floor
+    bwd1 = [39 * MS if k % 2 else 25 * MS for k in range(21)]
+    ev = jsonl({0: records(0, 21, data=1 * MS, fwd=10 * MS, bwd=39 * MS, opt=5 * MS),
+                1: records(1, 21, data=1 * MS, fwd=24 * MS, bwd=bwd1, opt=5 * MS)})
+    assert find_stragglers(ev) == []
+
+
+def test_planted_slow_forward_from_steps_jsonl_agrees_with_the_host_phases() -> None:
+    from pardiag.analyzers.pipeline import _host_phases
+
+    recs = {0: records(0, 21, data=1 * MS, fwd=10 * MS, bwd=45 * MS, opt=5 * MS),
+            1: records(1, 21, data=1 * MS, fwd=50 * MS, bwd=5 * MS, opt=5 * MS)}
+    (s,) = find_stragglers(jsonl(recs))
+    # others' backward 45 ms vs 5 ms: they wait 40 ms; rank 1's forward is 40 ms longer
+    assert (s.rank, s.cause, s.held_us_per_step, s.excess_us_per_step) == (1, "forward", 40 * MS, 40 * MS)
+    # step 0 is warm-up: 20 counted steps, all of them 40 ms, so the interval is 40 to 40
+    assert s.evidence[1] == "per step over 20 steps: 95% interval 40.0 to 40.0 ms, above the noise floor of 6.6 ms"
+    # the phase line quotes the very medians the Analysis shows per rank
+    fwd_line = next(e for e in s.evidence if e.startswith("forward:"))
+    mine, theirs = _host_phases(recs[1])["forward"], _host_phases(recs[0])["forward"]
+    assert fwd_line.startswith(f"forward: {mine / 1000:.1f} ms per step on rank 1 vs {theirs / 1000:.1f} ms")
+
+
+def test_noise_floor_from_the_other_ranks() -> None:
+    # four ranks; ranks 0, 2 and 3 differ among themselves by 30 ms per step (one of them
+    # alternates 45 / 15 ms), rank 3's waits are 20 ms above rank 1's: 20 ms excess is
+    # within what ranks that are not stragglers differ by, so no finding
+    def rank_recs(r: int, bwd: list[float], fwd: float) -> list[StepRecord]:
+        return records(r, 21, data=1 * MS, fwd=fwd, bwd=bwd, opt=5 * MS, step=100 * MS)
+
+    ev = jsonl({0: rank_recs(0, [45 * MS] * 21, 10 * MS),
+                1: rank_recs(1, [25 * MS] * 21, 30 * MS),
+                2: rank_recs(2, [15 * MS if k % 2 else 45 * MS for k in range(21)], 10 * MS),
+                3: rank_recs(3, [45 * MS if k % 2 else 15 * MS for k in range(21)], 10 * MS)})
+    assert find_stragglers(ev) == []
+
+
+def test_window_evidence_quotes_the_phase_table() -> None:
+    ev = slow_window()
+    (s,) = find_stragglers(ev)
+    per_step = {r: {k: v / e.steps_in_window for k, v in e.phases_us.items()} for r, e in ev.items()}
+    assert f"forward: {per_step[1]['forward'] / 1000:.1f} ms per step on rank 1 vs " \
+           f"{per_step[0]['forward'] / 1000:.1f} ms on the others" in "\n".join(s.evidence)
