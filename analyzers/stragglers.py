@@ -303,7 +303,9 @@ def _tables(evidence: Mapping[int, RankEvidence], window: bool) -> dict[int, dic
 
 
 def _cause(candidate: int, per: Mapping[int, Mapping[str, float]]) -> tuple[str, dict[str, float]]:
-    keys = [k for k in ("dataloader", "forward", "backward", "optimizer", "other")]
+    # every phase of the table (the window's, or each signal with a straggler cause), not
+    # the step itself nor the backward signal that holds the wait
+    keys = [k for k in per[candidate] if k != "step" and not k.endswith("_host")]
     deltas = {}
     for k in keys:
         others = [p[k] for r, p in per.items() if r != candidate and k in p]
