@@ -3,12 +3,17 @@ figures bounded by the step, savings bounded by the work removed."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from pardiag.analysis import Straggler
 from pardiag.analyzers.rank_trace import CollectiveCall, StepSpan
 from pardiag.analyzers.rules import advise
 from pardiag.analyzers.stragglers import RankEvidence, find_stragglers, step_waits
 from pardiag.step_records import StepRecord
+from pardiag.analyzers.pipeline import analyze_path
 from factories import analysis, rank
+from tracegen import write_trace, x
 
 MS = 1000.0
 
@@ -169,3 +174,40 @@ def test_window_evidence_quotes_the_phase_table() -> None:
     per_step = {r: {k: v / e.steps_in_window for k, v in e.phases_us.items()} for r, e in ev.items()}
     assert f"forward: {per_step[1]['forward'] / 1000:.1f} ms per step on rank 1 vs " \
            f"{per_step[0]['forward'] / 1000:.1f} ms on the others" in "\n".join(s.evidence)
+
+
+# -- a plain trace folder: the window's steps are the per-step evidence --------------------
+
+
+def slow_rank_trace(rank: int, steps: int = 3, extra_us: float = 40_000.0,
+                    before_forward: str = "aten::mm") -> list[dict[str, Any]]:
+    """Steps of 100 ms on thread 1 (gloo on 9). Rank 1 spends `extra_us` at each step's
+    start before forward (in an operator, or as a host gap when `before_forward` is
+    empty); rank 0 then waits in the all-reduce from 20 ms until rank 1 arrives at 60 ms,
+    and the transfer takes 5 ms. The optimizer runs at 70-75 ms on both."""
+    ev = []
+    for k in range(steps):
+        t0 = 1000.0 + k * 100_000
+        late = extra_us if rank == 1 else 0.0
+        ev.append(x(f"ProfilerStep#{k + 1}", t0, 100_000, cat="user_annotation"))
+        if late and before_forward:
+            ev.append(x(before_forward, t0, late))
+        ev.append(x("aten::linear", t0 + late, 10_000))
+        ev.append(x("autograd::engine::evaluate_function: AddmmBackward0", t0 + late + 10_000, 10_000))
+        start = t0 + 60_000 if rank == 1 else t0 + 20_000
+        ev.append(x("gloo:all_reduce", start, t0 + 65_000 - start, tid=9, cat="user_annotation",
+                    **{"Input Dims": [[1000]], "Input type": ["float"]}))
+        ev.append(x("Optimizer.step#SGD.step", t0 + 70_000, 5_000, cat="user_annotation"))
+        ev.append(x("aten::add_", t0 + 70_000, 4_000))
+    return ev
+
+
+def test_plain_trace_folder_gets_its_straggler_from_the_profiled_steps(tmp_path: Path) -> None:
+    for r in (0, 1):
+        write_trace(tmp_path / f"rank{r}.json", slow_rank_trace(r), rank=r)
+    a = analyze_path(tmp_path, jobs=1)
+    (s,) = a.stragglers
+    # per step rank 0 waits 40 ms (20 to 60 ms), rank 1 0; rank 1's forward is 40 ms longer
+    assert (s.rank, s.cause, s.held_us_per_step, s.excess_us_per_step) == (1, "forward", 40 * MS, 40 * MS)
+    assert "profiled window" in s.evidence[0] and "(40% of the 100.0 ms median step" in s.evidence[0]
+    assert s.evidence[1] == "per step over 3 steps: range 40.0 to 40.0 ms, above the noise floor of 10.0 ms"
