@@ -331,7 +331,15 @@ def straggler(ctx: RuleContext) -> list[Finding]:
         "checkpointing, EMA) or a slower device.",
         "host overhead": "rank {r} spends longer outside forward/backward: Python work only on that rank "
         "(logging, metrics, checkpoints) or CPU contention (pin threads, OMP_NUM_THREADS).",
+        "operators after backward": "rank {r} runs more operators after backward (metrics, logging, gradient "
+        "clipping only on that rank) or runs them slower.",
     }.get(s.cause, "rank {r} is slower; compare its phases with the others'.")
+    if s.cause.startswith(("host work", "work outside")):
+        # the rank runs no torch operator then: its own Python, I/O or waiting
+        what = ("rank {r} spends longer in host work outside torch operators" +
+                (f" ({s.cause.split(': ', 1)[1]})" if ": " in s.cause else "") +
+                ": Python, I/O or sleeping only on that rank (data reads, logging, checkpoints), or CPU "
+                "contention from another process (top -H -p <pid>; pin threads, OMP_NUM_THREADS).")
     return [Finding(
         lever="straggler",
         severity=_sev(share, 0.10, 0.20),

@@ -196,6 +196,7 @@ def analyze_path(
             step_waits_us=window_waits.get(r.rank, {}),
             step_lengths_us={k: hi - lo for k, (lo, hi) in step_tiles(traces[r.rank].steps).items()}
             if r.rank in traces else {},
+            host_gaps_us=traces[r.rank].host_gaps_us if r.rank in traces else {},
         )
         for r in ranks
         if r.steps_profiled > 0 or run is not None
@@ -367,7 +368,7 @@ def _rank_result(
     )
     t = s.result if s else None
     zero_b = {k: 0.0 for k in ("compute", "comm_exposed", "comm_overlapped", "memcpy", "dataloader", "idle")}
-    zero_p = {k: 0.0 for k in ("dataloader", "forward", "backward", "optimizer", "other")}
+    zero_p = {k: 0.0 for k in ("dataloader", "forward", "backward", "optimizer", "other", "host")}
     n_steps = len(t.steps) if t else 0
     return RankResult(
         rank=inp.rank,

@@ -27,6 +27,12 @@ must also wait least in at least 75% of the steps, and its own phases (the table
 Analysis shows) must hold extra work above the same 10% and 1 ms: otherwise the
 evidence would contradict the tables, and nothing is named.
 
+Causes: the phase with the most extra time. Time with no torch operator and no wait
+on the rank's training thread (the window's "host" phase), or the step less every
+timed signal (steps.jsonl), is host work, not forward: where the window shows that
+rank's extra gaps, the cause says where in the step they lie ("host work outside torch
+operators: at the step's start, before forward").
+
 Figures: `held_us_per_step` is the median excess, `excess_us_per_step` the extra work
 its phases show; both are bounded by the step.
 """
@@ -57,7 +63,9 @@ CAUSE_NAMES = {
     "forward": "forward",
     "backward": "backward",
     "optimizer": "optimizer",
-    "other": "host overhead",
+    "other": "operators after backward",  # the window's phase: operators after the last backward op
+    "host": "host work outside torch operators",  # the window's gaps with no operator and no wait
+    "untimed": "work outside DataLoader, forward, backward and optimizer",  # steps.jsonl: the step less its signals
 }
 
 
@@ -72,6 +80,7 @@ class RankEvidence:
     # collectives, overlapping waits counted once (`step_waits`), and the step's length
     step_waits_us: Mapping[int, float] = field(default_factory=dict)
     step_lengths_us: Mapping[int, float] = field(default_factory=dict)
+    host_gaps_us: Mapping[str, float] = field(default_factory=dict)  # window total, by where in the step
 
     @property
     def window_step_us(self) -> float:
@@ -146,9 +155,9 @@ def _wait_signal() -> str:
 def _host_medians(ev: RankEvidence) -> dict[str, float]:
     """Medians over the counted steps (the rank's host phases in the Analysis):
     "step" (the duration), "<wait signal>_host" (the host time that holds the wait),
-    every other signal with a straggler cause, keyed by its cause, and "other": the
-    step less those medians (host time no signal measures). A signal with no value in
-    any counted step is absent, and so is "other" then."""
+    every other signal with a straggler cause, keyed by its cause, and "untimed": the
+    step less those medians (time no signal measures). A signal with no value in any
+    counted step is absent, and so is "untimed" then."""
     recs = [r for r in ev.step_records if counted(r)]
     out: dict[str, float] = {}
     cols: dict[str, list[float]] = {"step": [r.dur_us for r in recs if r.dur_us is not None]}
@@ -159,8 +168,8 @@ def _host_medians(ev: RankEvidence) -> dict[str, float]:
     for key, xs in cols.items():
         if xs:
             out[key] = _median(xs)
-    if len(out) == len(cols) and "other" not in cols:
-        out["other"] = max(out["step"] - sum(v for k, v in out.items() if k != "step"), 0.0)
+    if len(out) == len(cols):
+        out["untimed"] = max(out["step"] - sum(v for k, v in out.items() if k != "step"), 0.0)
     return out
 
 
@@ -257,6 +266,8 @@ def find_stragglers(evidence: Mapping[int, RankEvidence]) -> list[Straggler]:
     window = series.source == "profiled window"
     tables = _tables(evidence, window)
     cause, deltas = _cause(candidate, tables)
+    if cause in (CAUSE_NAMES["host"], CAUSE_NAMES["untimed"]) and (where := _host_where(candidate, evidence, deltas)):
+        cause = f"{CAUSE_NAMES['host']}: {where}"
     extra_work = min(sum(d for d in deltas.values() if d > 0), step_us)
     if extra_work < max(MIN_US, MIN_SHARE * step_us):
         # the others wait, but this rank's own phases do not show the work that would
@@ -281,6 +292,21 @@ def find_stragglers(evidence: Mapping[int, RankEvidence]) -> list[Straggler]:
                                   f"{others_of[phase] / 1000:.1f} ms on the others (median; {table})")
     return [Straggler(rank=candidate, excess_us_per_step=extra_work, cause=cause,
                       evidence=evidence_lines, held_us_per_step=held)]
+
+
+def _host_where(candidate: int, evidence: Mapping[int, RankEvidence], deltas: Mapping[str, float]) -> str | None:
+    """Where in the step the candidate's extra host work lies (the window's host gaps,
+    per profiled step, against the other ranks' median): the place with the most, when
+    it holds at least half of the extra time the cause stands for; else None."""
+    if any(ev.steps_in_window <= 0 for ev in evidence.values()):
+        return None
+    per = {r: {k: v / ev.steps_in_window for k, v in ev.host_gaps_us.items()} for r, ev in evidence.items()}
+    places = {k: per[candidate][k] - _median([p.get(k, 0.0) for r, p in per.items() if r != candidate])
+              for k in per[candidate]}
+    if not places:
+        return None
+    best = max(places, key=lambda k: places[k])
+    return best if places[best] >= 0.5 * max(deltas.values()) else None
 
 
 def _consistency(candidate: int, series: _Series) -> float | None:

@@ -211,3 +211,24 @@ def test_plain_trace_folder_gets_its_straggler_from_the_profiled_steps(tmp_path:
     assert (s.rank, s.cause, s.held_us_per_step, s.excess_us_per_step) == (1, "forward", 40 * MS, 40 * MS)
     assert "profiled window" in s.evidence[0] and "(40% of the 100.0 ms median step" in s.evidence[0]
     assert s.evidence[1] == "per step over 3 steps: range 40.0 to 40.0 ms, above the noise floor of 10.0 ms"
+
+
+def test_host_work_before_forward_is_named_host_work_and_where(tmp_path: Path) -> None:
+    # the same job, rank 1 sleeping 40 ms at each step's start instead of computing:
+    # no operator runs then, so it is host work, not forward
+    for r in (0, 1):
+        write_trace(tmp_path / f"rank{r}.json", slow_rank_trace(r, before_forward=""), rank=r)
+    a = analyze_path(tmp_path, jobs=1)
+    (s,) = a.stragglers
+    assert s.cause == "host work outside torch operators: at the step's start, before forward"
+    assert (s.held_us_per_step, s.excess_us_per_step) == (40 * MS, 40 * MS)
+    r1 = next(r for r in a.ranks if r.rank == 1)
+    # host per step: rank 1 0-40 ms (the sleep), 65-70 (after the all-reduce, before the
+    # optimizer) and 75-100 (after it) = 70 ms; rank 0 only the last two = 30 ms.
+    # Rank 0's 20-65 ms is the all-reduce in flight: backward (blocked), not host work.
+    r0 = next(r for r in a.ranks if r.rank == 0)
+    assert (r1.phases_per_step_us["host"], r0.phases_per_step_us["host"]) == (70 * MS, 30 * MS)
+    assert r1.phases_per_step_us["forward"] == r0.phases_per_step_us["forward"] == 10 * MS
+    assert "host work outside torch operators: 70.0 ms per step on rank 1 vs 30.0 ms on the others" in s.evidence[2]
+    (f,) = [f for f in a.findings if f.lever == "straggler"]
+    assert "(at the step's start, before forward)" in f.action["text"]
