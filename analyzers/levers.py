@@ -334,7 +334,11 @@ def straggler(ctx: RuleContext) -> list[Finding]:
         "operators after backward": "rank {r} runs more operators after backward (metrics, logging, gradient "
         "clipping only on that rank) or runs them slower.",
     }.get(s.cause, "rank {r} is slower; compare its phases with the others'.")
-    if s.cause.startswith(("host work", "work outside")):
+    if s.cause.startswith("work outside"):
+        what = ("rank {r} spends longer outside DataLoader, forward, backward and optimizer: work only on that "
+                "rank before forward or after the optimizer (data preparation, logging, metrics, checkpoints) or "
+                "CPU contention from another process (top -H -p <pid>; pin threads, OMP_NUM_THREADS).")
+    elif s.cause.startswith("host work"):
         # the rank runs no torch operator then: its own Python, I/O or waiting
         what = ("rank {r} spends longer in host work outside torch operators" +
                 (f" ({s.cause.split(': ', 1)[1]})" if ": " in s.cause else "") +

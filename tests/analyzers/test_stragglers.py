@@ -232,3 +232,12 @@ def test_host_work_before_forward_is_named_host_work_and_where(tmp_path: Path) -
     assert "host work outside torch operators: 70.0 ms per step on rank 1 vs 30.0 ms on the others" in s.evidence[2]
     (f,) = [f for f in a.findings if f.lever == "straggler"]
     assert "(at the step's start, before forward)" in f.action["text"]
+
+
+def test_lever_action_follows_the_work_outside_the_timed_phases() -> None:
+    ranks = [rank(i, compute=0.8, step_p50=100 * MS) for i in range(2)]
+    s = Straggler(rank=1, excess_us_per_step=40 * MS, cause="work outside DataLoader, forward, backward and optimizer",
+                  evidence=["e"], held_us_per_step=40 * MS)
+    (f,) = [f for f in advise(analysis(ranks, stragglers=[s])).findings if f.lever == "straggler"]
+    assert f.action["text"].startswith("rank 1 spends longer outside DataLoader, forward, backward and optimizer")
+    assert f.est_saving_pct == 40.0
