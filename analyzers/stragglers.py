@@ -182,10 +182,16 @@ class _Series:
     lengths: list[float]
 
 
-def _series(evidence: Mapping[int, RankEvidence]) -> _Series | None:
-    """The per-step evidence: steps.jsonl when every rank has at least MIN_STEPS counted
-    steps in common (the backward signal holds the wait), else the profiled window's
-    steps (ProfilerStep spans: a plain trace folder has nothing else)."""
+def _all_series(evidence: Mapping[int, RankEvidence]) -> list[_Series]:
+    """The per-step evidence, in the order it is judged: steps.jsonl when every rank
+    has at least MIN_STEPS counted steps in common (the backward signal holds the wait,
+    so a rank slow in backward itself does not show there), then the profiled window's
+    steps (ProfilerStep spans, waits measured inside collectives; a plain trace folder
+    has only these)."""
+    return [x for x in (_jsonl_series(evidence), _window_series(evidence)) if x is not None]
+
+
+def _jsonl_series(evidence: Mapping[int, RankEvidence]) -> _Series | None:
     wait = _wait_signal()
     by_step: dict[int, dict[int, float]] = {}
     durs: dict[int, list[float]] = {}
@@ -198,6 +204,10 @@ def _series(evidence: Mapping[int, RankEvidence]) -> _Series | None:
     full = {k: d for k, d in by_step.items() if len(d) == len(evidence)}
     if len(full) >= MIN_STEPS:
         return _Series("steps.jsonl", full, [_median(durs.get(k, [])) for k in full])
+    return None
+
+
+def _window_series(evidence: Mapping[int, RankEvidence]) -> _Series | None:
     if not all(ev.steps_in_window > 0 for ev in evidence.values()):
         return None
     if all(ev.step_waits_us for ev in evidence.values()):
@@ -245,9 +255,14 @@ def find_stragglers(evidence: Mapping[int, RankEvidence]) -> list[Straggler]:
     show the extra work that explains it; otherwise none."""
     if len(evidence) < 2:
         return []
-    series = _series(evidence)
-    if series is None:
-        return []
+    for series in _all_series(evidence):
+        if found := _judge(series, evidence):
+            return found
+    return []
+
+
+def _judge(series: _Series, evidence: Mapping[int, RankEvidence]) -> list[Straggler]:
+    """The straggler one source of per-step evidence shows, or []."""
     steps = list(series.waits.values())
     mean_wait = {r: sum(d[r] for d in steps) / len(steps) for r in evidence}
     candidate = min(mean_wait, key=lambda r: (mean_wait[r], r))

@@ -241,3 +241,21 @@ def test_lever_action_follows_the_work_outside_the_timed_phases() -> None:
     (f,) = [f for f in advise(analysis(ranks, stragglers=[s])).findings if f.lever == "straggler"]
     assert f.action["text"].startswith("rank 1 spends longer outside DataLoader, forward, backward and optimizer")
     assert f.est_saving_pct == 40.0
+
+
+def test_slow_backward_shows_in_the_window_when_steps_jsonl_cannot_tell() -> None:
+    # rank 1 computes backward 30 ms longer; rank 0 waits those 30 ms at the end of its
+    # backward, so both ranks' backward (wait included) lasts 45 ms in steps.jsonl: no
+    # difference there. The window measures the wait inside the collective: rank 0
+    # waits 30 ms per step, and its backward less that wait is 15 ms against rank 1's 45.
+    recs = {r: records(r, 21, data=1 * MS, fwd=10 * MS, bwd=45 * MS, opt=5 * MS) for r in (0, 1)}
+    ev = {r: RankEvidence(rank=r, steps_in_window=3, wait_us=(30 * MS if r == 0 else 0.0) * 3,
+                          phases_us={"dataloader": 3 * MS, "forward": 30 * MS, "backward": 135 * MS,
+                                     "optimizer": 15 * MS, "other": 0.0, "host": 15 * MS},
+                          step_records=rs, step_waits_us={k: (30 * MS if r == 0 else 0.0) for k in range(3)},
+                          step_lengths_us={k: 66 * MS for k in range(3)})
+          for r, rs in recs.items()}
+    (s,) = find_stragglers(ev)
+    assert (s.rank, s.cause, s.held_us_per_step, s.excess_us_per_step) == (1, "backward", 30 * MS, 30 * MS)
+    assert "profiled window" in s.evidence[0]
+    assert "backward less its wait in collectives: 45.0 ms per step on rank 1 vs 15.0 ms on the others" in s.evidence[2]
