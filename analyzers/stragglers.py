@@ -291,7 +291,8 @@ def _judge(series: _Series, evidence: Mapping[int, RankEvidence]) -> list[Stragg
     n = len(excess)
     evidence_lines = [
         f"the other ranks wait {held / 1000:.1f} ms per step more than rank {candidate} "
-        f"({held / step_us:.0%} of the {step_us / 1000:.1f} ms median step; both from the {series.source})",
+        f"({held / step_us:.0%} of the {step_us / 1000:.1f} ms median step; both from "
+        f"{'the profiled window' if series.source == 'profiled window' else 'steps.jsonl'})",
         f"per step over {n} step{'s' if n != 1 else ''}: {'95% interval' if n >= MIN_STEPS else 'range'} "
         f"{lo / 1000:.1f} to {hi / 1000:.1f} ms, above the noise floor of {floor / 1000:.1f} ms",
     ]
