@@ -16,7 +16,10 @@ The per-step evidence, the longer first:
 - the profiled window's steps (ProfilerStep spans; a plain trace folder has only
   these): per step, the time each rank waited inside matched collectives, waits of
   collectives in flight together counted once (`step_waits`), and the phases cut from
-  the trace.
+  the trace. Judged when steps.jsonl shows no straggler; where steps.jsonl has its
+  steps, the window may only name a rank slow in backward (the one phase steps.jsonl
+  cannot see apart from the wait): any other phase it timed over every step, and a
+  rank slower only in the few profiled steps is not a straggler.
 
 Significance: per step, the others' wait (median) less the candidate's is its excess;
 the 95% bootstrap interval of its median over the steps (with fewer than 5 steps, the
@@ -255,8 +258,16 @@ def find_stragglers(evidence: Mapping[int, RankEvidence]) -> list[Straggler]:
     show the extra work that explains it; otherwise none."""
     if len(evidence) < 2:
         return []
-    for series in _all_series(evidence):
-        if found := _judge(series, evidence):
+    all_series = _all_series(evidence)
+    for series in all_series:
+        found = _judge(series, evidence)
+        if found and series.source == "profiled window" and all_series[0].source == "steps.jsonl" \
+                and found[0].cause != "backward":
+            # steps.jsonl timed that phase over every step and found no straggler: a
+            # rank slower only in the few profiled steps (the profiler's own load) is
+            # not one. Only backward work hides from steps.jsonl (its wait is inside).
+            return []
+        if found:
             return found
     return []
 

@@ -3,6 +3,7 @@ figures bounded by the step, savings bounded by the work removed."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -259,3 +260,23 @@ def test_slow_backward_shows_in_the_window_when_steps_jsonl_cannot_tell() -> Non
     assert (s.rank, s.cause, s.held_us_per_step, s.excess_us_per_step) == (1, "backward", 30 * MS, 30 * MS)
     assert "profiled window" in s.evidence[0]
     assert "backward less its wait in collectives: 45.0 ms per step on rank 1 vs 15.0 ms on the others" in s.evidence[2]
+
+
+def test_a_rank_slow_only_while_profiled_is_no_straggler() -> None:
+    # the balanced control seen on a busy machine: over 20 counted steps steps.jsonl
+    # shows both ranks alike, but in the 3 profiled steps rank 1's forward took 40 ms
+    # longer and rank 0 waited for it. steps.jsonl times forward on every step: the
+    # window's few steps do not outvote it.
+    recs = {r: records(r, 21, data=1 * MS, fwd=10 * MS, bwd=45 * MS, opt=5 * MS) for r in (0, 1)}
+    ev = {r: RankEvidence(rank=r, steps_in_window=3, wait_us=(40 * MS if r == 0 else 0.0) * 3,
+                          phases_us={"dataloader": 3 * MS, "forward": (50 if r == 1 else 10) * 3 * MS,
+                                     "backward": (55 if r == 0 else 15) * 3 * MS, "optimizer": 15 * MS,
+                                     "other": 0.0, "host": 15 * MS},
+                          step_records=rs, step_waits_us={k: (40 * MS if r == 0 else 0.0) for k in range(3)},
+                          step_lengths_us={k: 76 * MS for k in range(3)})
+          for r, rs in recs.items()}
+    assert find_stragglers(ev) == []
+    # the same window with no steps.jsonl (a plain trace folder) is all there is: named
+    plain = {r: replace(e, step_records=[]) for r, e in ev.items()}
+    (s,) = find_stragglers(plain)
+    assert (s.rank, s.cause) == (1, "forward")
