@@ -411,7 +411,8 @@ def _gap_words(prev: int, nxt: int) -> str:
     if nxt < 0:
         return f"at the step's end, after {_PHASE_WORDS[prev]}"
     if prev == nxt:
-        return f"between the operators of {_PHASE_WORDS[prev]}"
+        return f"among {_PHASE_WORDS[prev]}" if _PHASE_WORDS[prev].startswith("the operators") \
+            else f"between the operators of {_PHASE_WORDS[prev]}"
     return f"between {_PHASE_WORDS[prev]} and {_PHASE_WORDS[nxt]}"
 
 

@@ -237,3 +237,15 @@ def test_host_work_before_forward_is_not_forward(tmp_path: Path) -> None:
     assert r.phases_us["forward"] == 200.0 and r.phases_us["host"] == 300.0
     assert r.host_gaps_us == {"between the operators of forward": 300.0}
     assert sum(r.phases_us.values()) == r.window_us
+
+
+def test_host_gap_words() -> None:
+    from pardiag.analyzers.rank_trace import _gap_words
+
+    # layer order: dataloader, optimizer, backward, forward, operators after backward
+    assert _gap_words(-1, 3) == "at the step's start, before forward"
+    assert _gap_words(2, 1) == "between backward and the optimizer"
+    assert _gap_words(1, -1) == "at the step's end, after the optimizer"
+    assert _gap_words(3, 3) == "between the operators of forward"
+    assert _gap_words(4, 4) == "among the operators after backward"
+    assert _gap_words(-1, -1) == "with no torch operator in the step"
