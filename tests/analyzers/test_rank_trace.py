@@ -249,3 +249,12 @@ def test_host_gap_words() -> None:
     assert _gap_words(3, 3) == "between the operators of forward"
     assert _gap_words(4, 4) == "among the operators after backward"
     assert _gap_words(-1, -1) == "with no torch operator in the step"
+
+
+def test_every_phase_is_in_the_contract_and_labelled() -> None:
+    # a phase the trace is cut into and the diff, the charts and the TUI know about
+    from pardiag.analysis import PHASE_KEYS
+    from pardiag.analyzers.rank_trace import PHASES
+    from pardiag.style import PHASE_COLOURS, PHASE_LABELS
+
+    assert set(PHASES) == set(PHASE_KEYS) == set(PHASE_LABELS) == set(PHASE_COLOURS)
