@@ -361,9 +361,12 @@ def straggler(ctx: RuleContext) -> list[Finding]:
     if not ctx.analysis.stragglers or ctx.step_us <= 0:
         return []
     s = max(ctx.analysis.stragglers, key=lambda s: s.excess_us_per_step)
-    # fixed, the others stop waiting for it: the step shrinks by their extra wait
+    # fixed, the others stop waiting for it: the step shrinks by their extra wait, but
+    # never by more than the straggler's extra work (the time the fix removes) nor by
+    # more than the step itself
     held = s.held_us_per_step if s.held_us_per_step is not None else s.excess_us_per_step
-    share = held / ctx.step_us
+    saving = min(held, s.excess_us_per_step, ctx.step_us)
+    share = saving / ctx.step_us
     what = {
         "dataloader": "rank {r} waits longer for its input: check that each rank's shard of the data costs the same "
         "(sample sizes, augmentation), give it more DataLoader workers, or check its disk/network.",
@@ -374,7 +377,19 @@ def straggler(ctx: RuleContext) -> list[Finding]:
         "checkpointing, EMA) or a slower device.",
         "host overhead": "rank {r} spends longer outside forward/backward: Python work only on that rank "
         "(logging, metrics, checkpoints) or CPU contention (pin threads, OMP_NUM_THREADS).",
+        "operators after backward": "rank {r} runs more operators after backward (metrics, logging, gradient "
+        "clipping only on that rank) or runs them slower.",
     }.get(s.cause, "rank {r} is slower; compare its phases with the others'.")
+    if s.cause.startswith("work outside"):
+        what = ("rank {r} spends longer outside DataLoader, forward, backward and optimizer: work only on that "
+                "rank before forward or after the optimizer (data preparation, logging, metrics, checkpoints) or "
+                "CPU contention from another process (top -H -p <pid>; pin threads, OMP_NUM_THREADS).")
+    elif s.cause.startswith("host work"):
+        # the rank runs no torch operator then: its own Python, I/O or waiting
+        what = ("rank {r} spends longer in host work outside torch operators" +
+                (f" ({s.cause.split(': ', 1)[1]})" if ": " in s.cause else "") +
+                ": Python, I/O or sleeping only on that rank (data reads, logging, checkpoints), or CPU "
+                "contention from another process (top -H -p <pid>; pin threads, OMP_NUM_THREADS).")
     return [Finding(
         lever="straggler",
         severity=_sev(share, 0.10, 0.20),
@@ -382,7 +397,7 @@ def straggler(ctx: RuleContext) -> list[Finding]:
               f"the others wait {held / 1000:.1f} ms per step for it",
         evidence=list(s.evidence),
         ranks=[s.rank],
-        est_saving_pct=_pct(min(share, 0.95)),
+        est_saving_pct=_pct(share),
         action={"text": what.format(r=s.rank), "assumption": "the others stop waiting for it", "code": f"# check rank {s.rank}: nvidia-smi -q -d CLOCK,PERFORMANCE; top -H -p <pid>"},
     )]
 

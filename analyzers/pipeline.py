@@ -18,7 +18,7 @@ from pardiag.analyzers.collectives import clock_offsets, end_times, match
 from pardiag.analyzers.groups import process_groups
 from pardiag.analyzers.rank_trace import RankTrace, analyze_rank_trace
 from pardiag.analyzers.steps import step_stats
-from pardiag.analyzers.stragglers import RankEvidence, find_stragglers
+from pardiag.analyzers.stragglers import RankEvidence, find_stragglers, step_tiles, step_waits
 from pardiag.analyzers.trace import trace_head
 from pardiag.errors import UserError
 from pardiag.rank_meta import RankMeta
@@ -184,6 +184,8 @@ def analyze_path(
     )
     _self_checks(traces, matched, world, manifest, notices, run, inputs)
 
+    window_waits = step_waits({r: t.collectives for r, t in traces.items()},
+                              {r: t.steps for r, t in traces.items() if t.steps})
     evidence = {
         r.rank: RankEvidence(
             rank=r.rank,
@@ -191,6 +193,10 @@ def analyze_path(
             wait_us=r.wait_us,
             phases_us=r.phases_us,
             step_records=step_records[r.rank],
+            step_waits_us=window_waits.get(r.rank, {}),
+            step_lengths_us={k: hi - lo for k, (lo, hi) in step_tiles(traces[r.rank].steps).items()}
+            if r.rank in traces else {},
+            host_gaps_us=traces[r.rank].host_gaps_us if r.rank in traces else {},
         )
         for r in ranks
         if r.steps_profiled > 0 or run is not None
@@ -362,7 +368,7 @@ def _rank_result(
     )
     t = s.result if s else None
     zero_b = {k: 0.0 for k in ("compute", "comm_exposed", "comm_overlapped", "memcpy", "dataloader", "idle")}
-    zero_p = {k: 0.0 for k in ("dataloader", "forward", "backward", "optimizer", "other")}
+    zero_p = {k: 0.0 for k in ("dataloader", "forward", "backward", "optimizer", "other", "host")}
     n_steps = len(t.steps) if t else 0
     return RankResult(
         rank=inp.rank,

@@ -17,8 +17,12 @@ Window: from the start of the first recorded `ProfilerStep#N` to the end of the 
 `phases_us`: the same window cut by what the host was doing: dataloader > optimizer
 (`Optimizer.step#…`, `Optimizer.zero_grad#…`) > backward (autograd engine functions)
 > forward (other operators before the step's last backward op) > other (operators
-after it). A host gap inherits the phase before it: a thread blocked at the end of
-backward (waiting for DDP's all-reduce) is still in backward.
+after it) > host. A gap on the training threads while a collective is in flight or
+the thread is in a runtime call (a device sync) is the thread blocked: it inherits the
+phase before it (the wait at the end of backward for DDP's all-reduce is backward).
+Any other gap is host work outside torch operators (Python, I/O, sleeping, a noisy
+neighbour): phase "host", and `host_gaps_us` says where in the step it happens
+("between the DataLoader and forward", "between backward and the optimizer", ...).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import numpy.typing as npt
 
 from pardiag.analyzers.intervals import Intervals
 from pardiag.analyzers.kernels import KernelKind, event_kinds
-from pardiag.analyzers.timeline import attribute, clip, coverage
+from pardiag.analyzers.timeline import clip, coverage, forward_fill
 from pardiag.analyzers.trace import CpuOps, Trace
 
 STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -42,7 +46,10 @@ OPTIMIZER = re.compile(r"^Optimizer\.(step|zero_grad)#")
 BACKWARD = re.compile(r"^autograd::engine::evaluate_function")
 COMM = re.compile(r"^(gloo:|nccl:|ucc:|mpi:|xccl:|c10d::|record_param_comms)")
 
-PHASES = ("dataloader", "optimizer", "backward", "forward", "other")
+PHASES = ("dataloader", "optimizer", "backward", "forward", "other", "host")
+# the phases that hold operators, in layer order (what a host gap lies between)
+_OP_PHASES = PHASES[:5]
+_PHASE_WORDS = ("the DataLoader", "the optimizer", "backward", "forward", "the operators after backward")
 DTYPE_BYTES = {  # keys lower-case, without "c10::"
     "float": 4, "float32": 4, "fp32": 4,
     "double": 8, "float64": 8,
@@ -95,6 +102,7 @@ class RankTrace:
     pg_config: tuple[dict[str, Any], ...] = ()
     world_size: int | None = None
     ops: dict[str, Any] = field(default_factory=dict)
+    host_gaps_us: dict[str, float] = field(default_factory=dict)  # host work by where in the step, window total
 
 
 def profiled_steps(trace: Trace) -> tuple[tuple[StepSpan, ...], int | None]:
@@ -191,11 +199,18 @@ def analyze_rank_trace(trace: Trace, drop_last_step: bool = False) -> RankTrace:
     phases_per_step = {}
     layers_base = (dl, _select(trace, is_opt & on_train), _select(trace, is_bwd))
     op_mask = is_op & on_train & ~is_dl
+    L = trace.launches
+    on_train_l = np.isin(L.tid, list(train_tids)) if train_tids else np.ones(len(L), dtype=bool)
+    blocked = (np.concatenate([comm_host[0], L.ts_us[on_train_l]]),
+               np.concatenate([comm_host[1], L.ts_us[on_train_l] + L.dur_us[on_train_l]]))
     spans = steps or (StepSpan(-1, *window),)
+    host_gaps: dict[str, float] = {}
     for i, sp in enumerate(spans):
         # steps tile the window: a step lasts until the next one starts
         end = spans[i + 1].start_us if i + 1 < len(spans) else sp.end_us
-        phases_per_step[sp.step] = _phases((sp.start_us, end), layers_base, trace, op_mask, is_bwd)
+        phases_per_step[sp.step], where = _phases((sp.start_us, end), layers_base, trace, op_mask, is_bwd, blocked)
+        for k, v in where.items():
+            host_gaps[k] = host_gaps.get(k, 0.0) + v
     phases = {p: sum(d[p] for d in phases_per_step.values()) for p in PHASES}
 
     return RankTrace(
@@ -207,6 +222,7 @@ def analyze_rank_trace(trace: Trace, drop_last_step: bool = False) -> RankTrace:
         phases_us=phases,
         phases_per_step_us={k: v for k, v in phases_per_step.items() if k >= 0},
         collectives=tuple(collective_calls(trace, steps, window)),
+        host_gaps_us=host_gaps,
         threads={"main": main_tid if main_tid is not None else -1, "backward": len(bwd_tids)},
         notices=tuple(notices),
         world_size=trace.distributed.world_size if trace.distributed else None,
@@ -379,7 +395,9 @@ def _phases(
     trace: Trace,
     op_mask: npt.NDArray[np.bool_],
     is_bwd: npt.NDArray[np.bool_],
-) -> dict[str, float]:
+    blocked: Intervals,
+) -> tuple[dict[str, float], dict[str, float]]:
+    """One step's phases (summing to its length), and its host work by where it lies."""
     dl, opt, bwd = base
     bwd_in = clip(bwd, *window)
     last_bwd_end = float(bwd_in[1].max()) if bwd_in[1].size else window[0]
@@ -388,10 +406,46 @@ def _phases(
     fwd = ops & (starts < last_bwd_end)
     other = ops & (starts >= last_bwd_end)
     layers = [dl, opt, bwd, _select(trace, fwd), _select(trace, other)]
-    times, gap = attribute(window, layers, fill_gaps=True)
-    out = dict(zip(PHASES, times))
-    out["other"] += gap  # a gap before any activity in the step
-    return out
+    length, cov = coverage(window, [*layers, blocked])
+    out = dict.fromkeys(PHASES, 0.0)
+    if length.size == 0:
+        out["host"] = max(window[1] - window[0], 0.0)
+        return out, ({_gap_words(-1, -1): out["host"]} if out["host"] > 0 else {})
+    label = np.full(length.size, -1, dtype=np.int64)
+    for k in range(len(layers) - 1, -1, -1):  # the first layer that covers a segment wins
+        label[cov[k]] = k
+    prev = forward_fill(label)
+    nxt = forward_fill(label[::-1])[::-1]
+    gap = label < 0
+    # a thread blocked (a collective in flight, a runtime call) stays in the phase before
+    held = gap & cov[len(layers)] & (prev >= 0)
+    label[held] = prev[held]
+    host = label < 0
+    totals = np.bincount(label[~host], weights=length[~host], minlength=len(layers))
+    for k, name in enumerate(_OP_PHASES):
+        out[name] = float(totals[k])
+    out["host"] = float(length[host].sum())
+    where: dict[str, float] = {}
+    codes = (prev[host] + 1) * 8 + (nxt[host] + 1)  # one code per (before, after) pair
+    pairs, inv = np.unique(codes, return_inverse=True)
+    for code, us in zip(pairs.tolist(), np.bincount(inv, weights=length[host]).tolist()):
+        key = _gap_words(code // 8 - 1, code % 8 - 1)
+        where[key] = where.get(key, 0.0) + float(us)
+    return out, where
+
+
+def _gap_words(prev: int, nxt: int) -> str:
+    """Where a host gap lies, from the phases of the operators around it."""
+    if prev < 0 and nxt < 0:
+        return "with no torch operator in the step"
+    if prev < 0:
+        return f"at the step's start, before {_PHASE_WORDS[nxt]}"
+    if nxt < 0:
+        return f"at the step's end, after {_PHASE_WORDS[prev]}"
+    if prev == nxt:
+        return f"among {_PHASE_WORDS[prev]}" if _PHASE_WORDS[prev].startswith("the operators") \
+            else f"between the operators of {_PHASE_WORDS[prev]}"
+    return f"between {_PHASE_WORDS[prev]} and {_PHASE_WORDS[nxt]}"
 
 
 def _dtype_bytes(dtype: Any) -> int | None:

@@ -6,44 +6,69 @@ time the others lose per step is its excess. Its cause is the phase in which it
 spends more than the other ranks (input loading, forward, backward compute,
 optimizer, or host work outside those), compared per step.
 
-Two sources, the stronger first:
-- the profiled window: waits measured on matched collectives and phases cut from the
-  trace;
+The per-step evidence, the longer first:
 - every counted step from steps.jsonl (`step_records.counted`): the host time inside
   backward includes DDP's wait for the all-reduce (the signal marked `holds_wait`), so
-  a straggler shows as the rank with the shortest backward in most steps, and its
-  extra time in the other signals with a straggler cause (DataLoader, forward,
-  optimizer: `step_records.SIGNALS`) is measured directly. A signal a rank never
-  observed is missing from its medians, not 0.
+  a straggler shows as the rank with the shortest backward, and its extra time in the
+  other signals with a straggler cause (DataLoader, forward, optimizer:
+  `step_records.SIGNALS`) or outside all of them is measured directly. A signal a rank
+  never observed is missing from its medians, not 0.
+- the profiled window's steps (ProfilerStep spans; a plain trace folder has only
+  these): per step, the time each rank waited inside matched collectives, waits of
+  collectives in flight together counted once (`step_waits`), and the phases cut from
+  the trace. Judged when steps.jsonl shows no straggler; where steps.jsonl has its
+  steps, the window may only name a rank slow in backward (the one phase steps.jsonl
+  cannot see apart from the wait): any other phase it timed over every step, and a
+  rank slower only in the few profiled steps is not a straggler.
 
-The excess reported is the straggler's extra work per step (the sum of its phases'
-excess over the other ranks' medians), at least the others' extra waiting.
+Significance: per step, the others' wait (median) less the candidate's is its excess;
+the 95% bootstrap interval of its median over the steps (with fewer than 5 steps, the
+smallest step) must clear a floor: 10% of the median step (as TraceML: below that, no
+finding), 1 ms, and the noise measured on the run itself (the spread between the other
+ranks, or with two ranks how far the excess wanders from step to step). The candidate
+must also wait least in at least 75% of the steps, and its own phases (the tables the
+Analysis shows) must hold extra work above the same 10% and 1 ms: otherwise the
+evidence would contradict the tables, and nothing is named.
 
-Thresholds: a straggler must cost the others at least 10% of the median step time (as
-TraceML: below that, no finding) and
-at least 1 ms per step, and (where steps.jsonl has at least 5 steps) wait least in at
-least 75% of the steps. Below that, differences between ranks are noise.
+Causes: the phase with the most extra time. Time with no torch operator and no wait
+on the rank's training thread (the window's "host" phase), or the step less every
+timed signal (steps.jsonl), is host work, not forward: where the window shows that
+rank's extra gaps, the cause says where in the step they lie ("host work outside torch
+operators: at the step's start, before forward").
+
+Figures: `held_us_per_step` is the median excess, `excess_us_per_step` the extra work
+its phases show; both are bounded by the step.
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Mapping, Sequence
+
+import numpy as np
 
 from pardiag.analysis import Straggler
 from pardiag import step_records
+from pardiag.analyzers.intervals import total_length
+from pardiag.analyzers.rank_trace import CollectiveCall, StepSpan
+from pardiag.analyzers.timeline import clip
 from pardiag.step_records import StepRecord, counted
 
 MIN_SHARE = 0.10  # TraceML: under 10% of the step is no finding
 MIN_US = 1000.0
 MIN_CONSISTENCY = 0.75
+MIN_STEPS = 5  # fewer steps: every one must clear the floor (no interval from so few)
+BOOTSTRAP = 2000
 CAUSE_NAMES = {
     "dataloader": "dataloader",
     "forward": "forward",
     "backward": "backward",
     "optimizer": "optimizer",
-    "other": "host overhead",
+    "other": "operators after backward",  # the window's phase: operators after the last backward op
+    "host": "host work outside torch operators",  # the window's gaps with no operator and no wait
+    "untimed": "work outside DataLoader, forward, backward and optimizer",  # steps.jsonl: the step less its signals
 }
 
 
@@ -54,17 +79,75 @@ class RankEvidence:
     wait_us: float  # in the window, inside collectives
     phases_us: Mapping[str, float]  # in the window
     step_records: Sequence[StepRecord]  # steps.jsonl
+    # per profiled step (ProfilerStep spans, tiled): the time the rank waited inside
+    # collectives, overlapping waits counted once (`step_waits`), and the step's length
+    step_waits_us: Mapping[int, float] = field(default_factory=dict)
+    step_lengths_us: Mapping[int, float] = field(default_factory=dict)
+    host_gaps_us: Mapping[str, float] = field(default_factory=dict)  # window total, by where in the step
+
+    @property
+    def window_step_us(self) -> float:
+        """The profiled window's mean step: its steps' lengths, else 0."""
+        v = self.step_lengths_us
+        return sum(v.values()) / len(v) if v else 0.0
 
 
+def step_tiles(spans: Sequence[StepSpan]) -> dict[int, tuple[float, float]]:
+    """Each profiled step's time: from its start to the next step's start (the steps
+    tile the window, as the phases do), the last to its own end."""
+    return {sp.step: (sp.start_us, spans[i + 1].start_us if i + 1 < len(spans) else sp.end_us)
+            for i, sp in enumerate(spans)}
+
+
+def step_waits(calls: Mapping[int, Sequence[CollectiveCall]],
+               spans: Mapping[int, Sequence[StepSpan]]) -> dict[int, dict[int, float]]:
+    """Per rank and profiled step, the time spent waiting for other ranks inside
+    collectives. A collective matched across ranks (same group, step and position, same
+    op, timed) makes each rank wait its duration minus the shortest one, at the start
+    of the call (it arrived early). Several collectives in flight at once (gloo runs
+    DDP's buckets concurrently) wait for the same late rank: their waits overlap in
+    time and are counted once, as the union of the intervals, cut to each step."""
+    instances: dict[tuple[str, int | None, int], dict[int, CollectiveCall]] = defaultdict(dict)
+    for rank, cs in calls.items():
+        seen: dict[tuple[str, int | None], int] = defaultdict(int)
+        for c in cs:
+            k = (c.process_group, c.step)
+            instances[(c.process_group, c.step, seen[k])][rank] = c
+            seen[k] += 1
+    iv: dict[int, tuple[list[float], list[float]]] = {r: ([], []) for r in calls}
+    for by_rank in instances.values():
+        if len(by_rank) < 2 or len({c.op for c in by_rank.values()}) > 1:
+            continue
+        if any(c.timing == "launch" for c in by_rank.values()):
+            continue
+        transfer = min(c.dur_us for c in by_rank.values())
+        for r, c in by_rank.items():
+            if c.dur_us > transfer:
+                iv[r][0].append(c.start_us)
+                iv[r][1].append(c.start_us + c.dur_us - transfer)
+    out: dict[int, dict[int, float]] = {}
+    for r, sp in spans.items():
+        starts = np.array(iv.get(r, ([], []))[0], dtype=np.float64)
+        ends = np.array(iv.get(r, ([], []))[1], dtype=np.float64)
+        out[r] = {step: total_length(*clip((starts, ends), lo, hi)) for step, (lo, hi) in step_tiles(sp).items()}
+    return out
 def _median(xs: Sequence[float]) -> float:
     return float(statistics.median(xs)) if xs else 0.0
+
+
+def _window_wait(ev: RankEvidence) -> float:
+    """Time waiting inside collectives per profiled step: the per-step union when
+    measured, else the sum over collectives (which counts overlapping waits twice)."""
+    if ev.step_waits_us:
+        return sum(ev.step_waits_us.values()) / len(ev.step_waits_us)
+    return ev.wait_us / max(ev.steps_in_window, 1)
 
 
 def _per_step(ev: RankEvidence) -> dict[str, float]:
     n = max(ev.steps_in_window, 1)
     out = {k: v / n for k, v in ev.phases_us.items()}
     # what backward did besides waiting for the others
-    out["backward"] = max(out.get("backward", 0.0) - ev.wait_us / n, 0.0)
+    out["backward"] = max(out.get("backward", 0.0) - _window_wait(ev), 0.0)
     return out
 
 
@@ -73,9 +156,11 @@ def _wait_signal() -> str:
 
 
 def _host_medians(ev: RankEvidence) -> dict[str, float]:
-    """Medians over the counted steps: "step" (the duration), "<wait signal>_host" (the
-    host time that holds the wait) and every other signal with a straggler cause, keyed
-    by its cause; a signal with no value in any counted step is absent."""
+    """Medians over the counted steps (the rank's host phases in the Analysis):
+    "step" (the duration), "<wait signal>_host" (the host time that holds the wait),
+    every other signal with a straggler cause, keyed by its cause, and "untimed": the
+    step less those medians (time no signal measures). A signal with no value in any
+    counted step is absent, and so is "untimed" then."""
     recs = [r for r in ev.step_records if counted(r)]
     out: dict[str, float] = {}
     cols: dict[str, list[float]] = {"step": [r.dur_us for r in recs if r.dur_us is not None]}
@@ -86,76 +171,194 @@ def _host_medians(ev: RankEvidence) -> dict[str, float]:
     for key, xs in cols.items():
         if xs:
             out[key] = _median(xs)
+    if len(out) == len(cols):
+        out["untimed"] = max(out["step"] - sum(v for k, v in out.items() if k != "step"), 0.0)
     return out
 
 
-def _consistency(candidate: int, evidence: Mapping[int, RankEvidence]) -> float | None:
-    """Share of the counted steps in which the candidate's host backward time (which
-    contains its wait) is below every other rank's."""
+@dataclass(frozen=True)
+class _Series:
+    """Per step, each rank's wait (or the signal that holds it) and the step's length."""
+
+    source: str
+    waits: dict[int, dict[int, float]]  # step -> rank -> us
+    lengths: list[float]
+
+
+def _all_series(evidence: Mapping[int, RankEvidence]) -> list[_Series]:
+    """The per-step evidence, in the order it is judged: steps.jsonl when every rank
+    has at least MIN_STEPS counted steps in common (the backward signal holds the wait,
+    so a rank slow in backward itself does not show there), then the profiled window's
+    steps (ProfilerStep spans, waits measured inside collectives; a plain trace folder
+    has only these)."""
+    return [x for x in (_jsonl_series(evidence), _window_series(evidence)) if x is not None]
+
+
+def _jsonl_series(evidence: Mapping[int, RankEvidence]) -> _Series | None:
     wait = _wait_signal()
     by_step: dict[int, dict[int, float]] = {}
+    durs: dict[int, list[float]] = {}
     for r, ev in evidence.items():
         for rec in ev.step_records:
             if counted(rec) and (v := rec.get(wait)) is not None:
                 by_step.setdefault(rec.step, {})[r] = v
-    full = [d for d in by_step.values() if len(d) == len(evidence)]
-    if len(full) < 5:
+                if rec.dur_us is not None:
+                    durs.setdefault(rec.step, []).append(rec.dur_us)
+    full = {k: d for k, d in by_step.items() if len(d) == len(evidence)}
+    if len(full) >= MIN_STEPS:
+        return _Series("steps.jsonl", full, [_median(durs.get(k, [])) for k in full])
+    return None
+
+
+def _window_series(evidence: Mapping[int, RankEvidence]) -> _Series | None:
+    if not all(ev.steps_in_window > 0 for ev in evidence.values()):
         return None
-    wins = sum(1 for d in full if d[candidate] <= min(v for r, v in d.items() if r != candidate))
-    return wins / len(full)
+    if all(ev.step_waits_us for ev in evidence.values()):
+        common = set.intersection(*(set(ev.step_waits_us) for ev in evidence.values()))
+        waits = {k: {r: ev.step_waits_us[k] for r, ev in evidence.items()} for k in sorted(common)}
+        lengths = [_median([ev.step_lengths_us[k] for ev in evidence.values() if k in ev.step_lengths_us])
+                   for k in waits]
+    else:  # no per-step waits: the window as one step
+        waits = {0: {r: _window_wait(ev) for r, ev in evidence.items()}}
+        lengths = [_median([ev.window_step_us for ev in evidence.values() if ev.window_step_us > 0])]
+    if not waits or not any(x > 0 for x in lengths):
+        return None
+    return _Series("profiled window", waits, lengths)
+
+
+def _interval(xs: Sequence[float]) -> tuple[float, float]:
+    """95% bootstrap interval of the median (fixed seed: the same run gives the same
+    answer); under MIN_STEPS values, the smallest and largest."""
+    if len(xs) < MIN_STEPS:
+        return min(xs), max(xs)
+    a = np.asarray(xs, dtype=np.float64)
+    rng = np.random.default_rng(0)
+    meds = np.median(a[rng.integers(0, a.size, size=(BOOTSTRAP, a.size))], axis=1)
+    return float(np.percentile(meds, 2.5)), float(np.percentile(meds, 97.5))
+
+
+def _noise(series: _Series, candidate: int, excess: Sequence[float]) -> float:
+    """How much ranks differ per step when none holds the others back, measured on the
+    run itself: with three or more ranks, the median spread of the other ranks' waits
+    (ranks that are not the candidate); with two, the median change of the candidate's
+    excess from one step to the next (how far it wanders by itself)."""
+    spreads = []
+    for d in series.waits.values():
+        others = [v for r, v in d.items() if r != candidate]
+        if len(others) >= 2:
+            spreads.append(max(others) - min(others))
+    if spreads:
+        return _median(spreads)
+    return _median([abs(b - a) for a, b in zip(excess, excess[1:])])
 
 
 def find_stragglers(evidence: Mapping[int, RankEvidence]) -> list[Straggler]:
+    """The rank the others wait for, when the wait is significant over the steps (its
+    95% interval clears a noise floor measured from the run) and the rank's own phases
+    show the extra work that explains it; otherwise none."""
     if len(evidence) < 2:
         return []
-    have_window = all(ev.steps_in_window > 0 for ev in evidence.values())
-    step_medians = [_host_medians(ev).get("step") for ev in evidence.values()]
-    step_us = _median([s for s in step_medians if s is not None and s > 0])
-    if have_window:
-        # Waiting inside collectives only: gaps between operators ("idle") on a CPU
-        # rank are also Python time, so they do not tell waiting from working.
-        waits = {r: ev.wait_us / ev.steps_in_window for r, ev in evidence.items()}
-        candidate = min(waits, key=lambda r: waits[r])
-        others = [w for r, w in waits.items() if r != candidate]
-        excess = _median(others) - waits[candidate]
-        source = "profiled window"
-    else:
-        wait_key = f"{_wait_signal()}_host"
-        host = {r: _host_medians(ev) for r, ev in evidence.items()}
-        bwd = {r: h[wait_key] for r, h in host.items() if wait_key in h}
-        if len(bwd) < 2:
+    all_series = _all_series(evidence)
+    for series in all_series:
+        found = _judge(series, evidence)
+        if found and series.source == "profiled window" and all_series[0].source == "steps.jsonl" \
+                and found[0].cause != "backward":
+            # steps.jsonl timed that phase over every step and found no straggler: a
+            # rank slower only in the few profiled steps (the profiler's own load) is
+            # not one. Only backward work hides from steps.jsonl (its wait is inside).
             return []
-        candidate = min(bwd, key=lambda r: bwd[r])
-        excess = _median([b for r, b in bwd.items() if r != candidate]) - bwd[candidate]
-        source = "steps.jsonl"
-    if step_us <= 0 or excess < max(MIN_US, MIN_SHARE * step_us):
+        if found:
+            return found
+    return []
+
+
+def _judge(series: _Series, evidence: Mapping[int, RankEvidence]) -> list[Straggler]:
+    """The straggler one source of per-step evidence shows, or []."""
+    steps = list(series.waits.values())
+    mean_wait = {r: sum(d[r] for d in steps) / len(steps) for r in evidence}
+    candidate = min(mean_wait, key=lambda r: (mean_wait[r], r))
+    step_us = _median([x for x in series.lengths if x > 0])
+    excess = [min(_median([v for r, v in d.items() if r != candidate]) - d[candidate], length or step_us)
+              for d, length in zip(steps, series.lengths)]
+    held = min(max(_median(excess), 0.0), step_us)
+    lo, hi = _interval(excess)
+    noise = _noise(series, candidate, excess)
+    floor = max(MIN_US, MIN_SHARE * step_us, noise)
+    if step_us <= 0 or lo <= floor:
         return []
-    consistency = _consistency(candidate, evidence)
+    consistency = _consistency(candidate, series)
     if consistency is not None and consistency < MIN_CONSISTENCY:
         return []
-    cause, deltas = _cause(candidate, evidence, have_window)
-    extra_work = sum(d for d in deltas.values() if d > 0)
+    window = series.source == "profiled window"
+    tables = _tables(evidence, window)
+    cause, deltas = _cause(candidate, tables)
+    if cause in (CAUSE_NAMES["host"], CAUSE_NAMES["untimed"]) and (where := _host_where(candidate, evidence, deltas)):
+        cause = f"{CAUSE_NAMES['host']}: {where}"
+    extra_work = min(sum(d for d in deltas.values() if d > 0), step_us)
+    if extra_work < max(MIN_US, MIN_SHARE * step_us):
+        # the others wait, but this rank's own phases do not show the work that would
+        # make them: no rank to name (the evidence would contradict the tables)
+        return []
+    n = len(excess)
     evidence_lines = [
-        f"the other ranks wait {excess / 1000:.1f} ms per step more than rank {candidate} "
-        f"({excess / step_us:.0%} of the {step_us / 1000:.1f} ms median step; from the {source})",
+        f"the other ranks wait {held / 1000:.1f} ms per step more than rank {candidate} "
+        f"({held / step_us:.0%} of the {step_us / 1000:.1f} ms median step; both from "
+        f"{'the profiled window' if series.source == 'profiled window' else 'steps.jsonl'})",
+        f"per step over {n} step{'s' if n != 1 else ''}: {'95% interval' if n >= MIN_STEPS else 'range'} "
+        f"{lo / 1000:.1f} to {hi / 1000:.1f} ms, above the noise floor of {floor / 1000:.1f} ms",
     ]
-    held = excess
     if consistency is not None:
         evidence_lines.append(f"rank {candidate} waits least in {consistency:.0%} of all steps")
+    table = "profiled window, per step" if window else "medians over all steps, steps.jsonl"
+    others_of = {k: _median([t[k] for r, t in tables.items() if r != candidate and k in t]) for k in deltas}
     for phase, d in sorted(deltas.items(), key=lambda kv: -kv[1])[:3]:
         if d > 0:
-            evidence_lines.append(f"{CAUSE_NAMES.get(phase, phase)}: +{d / 1000:.1f} ms per step vs the median of the other ranks")
-    return [Straggler(rank=candidate, excess_us_per_step=max(held, extra_work), cause=cause,
+            name = "backward less its wait in collectives" if window and phase == "backward" else \
+                CAUSE_NAMES.get(phase, phase)
+            evidence_lines.append(f"{name}: {tables[candidate][phase] / 1000:.1f} ms per step on rank {candidate} vs "
+                                  f"{others_of[phase] / 1000:.1f} ms on the others (median; {table})")
+    return [Straggler(rank=candidate, excess_us_per_step=extra_work, cause=cause,
                       evidence=evidence_lines, held_us_per_step=held)]
 
 
-def _cause(candidate: int, evidence: Mapping[int, RankEvidence], have_window: bool) -> tuple[str, dict[str, float]]:
-    if have_window:
-        per = {r: _per_step(ev) for r, ev in evidence.items()}
-        keys: tuple[str, ...] = ("dataloader", "forward", "backward", "optimizer", "other")
-    else:
-        per = {r: _host_medians(ev) for r, ev in evidence.items()}
-        keys = tuple(s.cause for s in step_records.SIGNALS if s.cause is not None and not s.holds_wait)
+def _host_where(candidate: int, evidence: Mapping[int, RankEvidence], deltas: Mapping[str, float]) -> str | None:
+    """Where in the step the candidate's extra host work lies (the window's host gaps,
+    per profiled step, against the other ranks' median): the place with the most, when
+    it holds at least half of the extra time the cause stands for; else None."""
+    if any(ev.steps_in_window <= 0 for ev in evidence.values()):
+        return None
+    per = {r: {k: v / ev.steps_in_window for k, v in ev.host_gaps_us.items()} for r, ev in evidence.items()}
+    places = {k: per[candidate][k] - _median([p.get(k, 0.0) for r, p in per.items() if r != candidate])
+              for k in per[candidate]}
+    if not places:
+        return None
+    best = max(places, key=lambda k: places[k])
+    return best if places[best] >= 0.5 * max(deltas.values()) else None
+
+
+def _consistency(candidate: int, series: _Series) -> float | None:
+    """Share of the steps in which the candidate waits least (on steps.jsonl: its host
+    backward time, which contains its wait, is below every other rank's)."""
+    steps = list(series.waits.values())
+    if len(steps) < MIN_STEPS:
+        return None
+    wins = sum(1 for d in steps if d[candidate] <= min(v for r, v in d.items() if r != candidate))
+    return wins / len(steps)
+
+
+def _tables(evidence: Mapping[int, RankEvidence], window: bool) -> dict[int, dict[str, float]]:
+    """Each rank's per-step phases as the Analysis shows them: the window's phases per
+    profiled step (backward less the rank's wait in collectives), or the medians over
+    the counted steps of steps.jsonl."""
+    if window:
+        return {r: _per_step(ev) for r, ev in evidence.items()}
+    return {r: _host_medians(ev) for r, ev in evidence.items()}
+
+
+def _cause(candidate: int, per: Mapping[int, Mapping[str, float]]) -> tuple[str, dict[str, float]]:
+    # every phase of the table (the window's, or each signal with a straggler cause), not
+    # the step itself nor the backward signal that holds the wait
+    keys = [k for k in per[candidate] if k != "step" and not k.endswith("_host")]
     deltas = {}
     for k in keys:
         others = [p[k] for r, p in per.items() if r != candidate and k in p]

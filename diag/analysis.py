@@ -61,7 +61,7 @@ Lever = Literal[
 ]
 LEVERS: tuple[Lever, ...] = get_args(Lever)
 BREAKDOWN_KEYS = ("compute", "comm_exposed", "comm_overlapped", "memcpy", "dataloader", "idle")
-PHASE_KEYS = ("dataloader", "forward", "backward", "optimizer", "other")
+PHASE_KEYS = ("dataloader", "forward", "backward", "optimizer", "other", "host")
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ __all__ = [
     "ms", "pct", "clip", "fact_text", "action_env_text",
     "step_us", "per_step_us", "share", "quantile", "worst_ranks",
     "ordered_findings", "ordered_stragglers", "ordered_collectives", "ordered_notices",
-    "Headline", "headline", "step_words", "exposed_words", "job_step_words",
+    "Headline", "headline", "step_words", "exposed_words", "job_step_words", "no_straggler_words",
     "RANK_VALUE_HEADER", "rank_cells", "percentile_rows", "gpu_split",
     "job_hang", "hang_wait_words", "hang_late_words",
 ]
@@ -224,6 +224,34 @@ def headline(a: Analysis) -> Headline:
 def step_words(h: Headline) -> str:
     """'105.0 ms (median of the ranks' p50, all steps)'."""
     return f"{ms(h.step_us)} ms (median of the ranks' p50, {h.step_source})" if h.step_us is not None else "unknown"
+
+
+EVEN_SHARE = 0.10  # waits closer than this share of the step (or 1 ms) are "even"
+EVEN_US = 1000.0
+
+
+def no_straggler_words(a: Analysis) -> str | None:
+    """What to say when no straggler is named, following the numbers shown: the ranks'
+    waits per profiled step (the rank table's wait/step), else their backward host time
+    from steps.jsonl (DDP's wait included); "even" only when those were measured and
+    lie within 10% of the step (1 ms at least); "not measured" when neither was. None
+    with one rank or a named straggler."""
+    if len(a.ranks) < 2 or a.stragglers:
+        return None
+    waits = {r.rank: w for r in a.ranks if a.collectives and (w := per_step_us(r, r.wait_us)) is not None}
+    where, what = "profiled window", "waits"
+    if len(waits) < 2:
+        waits = {r.rank: r.host_phases_us["backward"] for r in a.ranks if "backward" in r.host_phases_us}
+        where, what = "all steps, steps.jsonl", "spends in backward, DDP's wait included,"
+    if len(waits) < 2:
+        return ("not measured: no rank's wait per step is known (no profiled steps with matched collectives, "
+                "no backward times in steps.jsonl), so pardiag cannot tell whether one holds the others back")
+    lo, hi = min(waits, key=lambda r: (waits[r], r)), max(waits, key=lambda r: (waits[r], -r))
+    step = a.job_summary.step_p50_us or 0.0
+    if waits[hi] - waits[lo] <= max(EVEN_US, EVEN_SHARE * step):
+        return f"none; the ranks wait on each other evenly ({ms(waits[lo])} to {ms(waits[hi])} ms per step, {where})"
+    return (f"none named; rank {hi} {what} {ms(waits[hi])} ms per step and rank {lo} {ms(waits[lo])} ms ({where}), "
+            "but no rank holds the others back significantly over the steps with work of its own to explain it")
 
 
 def exposed_words(h: Headline) -> str:

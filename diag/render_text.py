@@ -23,6 +23,7 @@ from pardiag.display import (
     ms,
     ordered_collectives,
     ordered_findings,
+    no_straggler_words,
     ordered_stragglers,
     worst_ranks,
     pct,
@@ -146,8 +147,8 @@ def print_summary(a: Analysis, console: Console | None = None, next_for: str | N
                                         f"{s.excess_us_per_step / 1000:.1f} ms per step longer than the others; cause: {s.cause}"))
             for line in s.evidence:
                 console.print(Text("  " + line, style="dim"))
-    elif len(a.ranks) > 1:
-        console.print(Text("no straggler: no rank holds the others back consistently over the run", style="green"))
+    elif (words := no_straggler_words(a)) is not None:
+        console.print(Text(f"straggler: {words}", style="green" if words.startswith("none;") else "yellow"))
     if a.collectives:
         console.print(collective_table(a))
     for g in a.process_groups:

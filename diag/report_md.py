@@ -27,6 +27,7 @@ from pardiag.display import (
     ordered_collectives,
     ordered_findings,
     ordered_notices,
+    no_straggler_words,
     ordered_stragglers,
     percentile_rows,
     rank_cells,
@@ -87,8 +88,8 @@ def _headline_lines(a: Analysis) -> list[str]:
     if h.straggler is not None:
         s = h.straggler
         lines.append(f"- **Straggler:** rank {s.rank}, +{ms(s.excess_us_per_step)} ms per step ({md_text(s.cause)})")
-    elif len(a.ranks) > 1:
-        lines.append("- **Straggler:** none; the ranks wait on each other evenly")
+    elif (words := no_straggler_words(a)) is not None:
+        lines.append(f"- **Straggler:** {md_text(words)}")
     if h.finding is not None:
         f = h.finding
         lines.append(f"- **Top finding:** {_finding_title(f)}")

@@ -31,11 +31,13 @@ PHASE_LABELS: dict[str, str] = {
     "backward": "backward",
     "optimizer": "optimizer",
     "other": "other",
+    "host": "host work",
 }
 # the phases measured per step on the host take their colour from the signal table
 PHASE_COLOURS: dict[str, str] = {
     **{s.name: s.colour for s in _SIGNALS if s.host_phase and s.colour},
     "other": "#b0b6bf",
+    "host": "#c792b5",
 }
 
 # GpuTime fields, HTA's temporal breakdown of the GPU timeline

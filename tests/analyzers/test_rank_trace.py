@@ -29,9 +29,15 @@ def test_cpu_breakdown_by_hand(cpu_traces: Path) -> None:
         "dataloader": 100.0, "compute": 490.0, "comm_overlapped": 100.0,
         "comm_exposed": 150.0, "memcpy": 0.0, "idle": 160.0,
     }
-    # gaps inherit the phase before them: 1400-1450 forward, 1700-1900 backward
-    # (blocked on the all-reduce), 1950-2000 optimizer
-    assert r.phases_us == {"dataloader": 100.0, "forward": 350.0, "backward": 450.0, "optimizer": 100.0, "other": 0.0}
+    # a gap while the all-reduce is in flight is the thread blocked in backward
+    # (1700-1850); the other gaps run no torch operator and no collective: host work,
+    # no longer given to the phase before them (which made a sleep before forward read
+    # as forward): 1400-1450 between forward and backward, 1850-1900 after the all-reduce
+    # ended and before the optimizer, 1950-2000 after the optimizer
+    assert r.phases_us == {"dataloader": 100.0, "forward": 300.0, "backward": 400.0, "optimizer": 50.0,
+                           "other": 0.0, "host": 150.0}
+    assert r.host_gaps_us == {"between forward and backward": 50.0, "between backward and the optimizer": 50.0,
+                              "at the step's end, after the optimizer": 50.0}
     (c,) = r.collectives
     assert (c.op, c.process_group, c.bytes, c.step, c.group_size) == ("all_reduce", "0:default_pg", 4000, 5, 2)
 
@@ -287,3 +293,42 @@ def test_groups_are_not_said_to_be_idle_when_the_calls_name_no_group() -> None:
     named = [dict(pg[1], desc="mesh_tp")]
     roles = {g.name: g.role for g in process_groups({0: SimpleNamespace(pg_config=named)}, matched.collectives, 2)}
     assert roles == {"1": "tensor-parallel", "?": "data-parallel"}  # PyTorch named it: its name says
+
+
+def test_host_work_before_forward_is_not_forward(tmp_path: Path) -> None:
+    # a rank that sleeps 300 us after fetching its batch, before its forward pass: one
+    # operator (the batch's copy) at 1000-1020, nothing until the forward at 1320
+    events = [
+        x("ProfilerStep#1", 1000, 1000, cat="user_annotation"),
+        x("aten::to", 1000, 20),
+        x("aten::linear", 1320, 180),
+        x("autograd::engine::evaluate_function: AddmmBackward0", 1500, 300),
+        x("Optimizer.step#SGD.step", 1800, 200, cat="user_annotation"),
+    ]
+    r = analyze_rank_trace(load_trace(write_trace(tmp_path / "sleep.json", events, rank=0)))
+    # the operators before the last backward op are forward: 20 + 180 us; the 300 us
+    # sleep between them is host work, where it happened
+    assert r.phases_us["forward"] == 200.0 and r.phases_us["host"] == 300.0
+    assert r.host_gaps_us == {"between the operators of forward": 300.0}
+    assert sum(r.phases_us.values()) == r.window_us
+
+
+def test_host_gap_words() -> None:
+    from pardiag.analyzers.rank_trace import _gap_words
+
+    # layer order: dataloader, optimizer, backward, forward, operators after backward
+    assert _gap_words(-1, 3) == "at the step's start, before forward"
+    assert _gap_words(2, 1) == "between backward and the optimizer"
+    assert _gap_words(1, -1) == "at the step's end, after the optimizer"
+    assert _gap_words(3, 3) == "between the operators of forward"
+    assert _gap_words(4, 4) == "among the operators after backward"
+    assert _gap_words(-1, -1) == "with no torch operator in the step"
+
+
+def test_every_phase_is_in_the_contract_and_labelled() -> None:
+    # a phase the trace is cut into and the diff, the charts and the TUI know about
+    from pardiag.analysis import PHASE_KEYS
+    from pardiag.analyzers.rank_trace import PHASES
+    from pardiag.style import PHASE_COLOURS, PHASE_LABELS
+
+    assert set(PHASES) == set(PHASE_KEYS) == set(PHASE_LABELS) == set(PHASE_COLOURS)

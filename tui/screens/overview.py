@@ -12,7 +12,7 @@ from textual.widgets import DataTable, Static
 
 from pardiag import style
 from pardiag.analysis import Analysis, RankResult
-from pardiag.display import PERCENTILES, headline, job_step_words, ordered_findings, quantile
+from pardiag.display import PERCENTILES, headline, job_step_words, no_straggler_words, ordered_findings, quantile
 from pardiag.tui import format as fmt
 from pardiag.tui.messages import OpenRank
 from pardiag.tui.screens.base import PardiagScreen
@@ -94,8 +94,8 @@ def summary(a: Analysis) -> RenderableType:
         held = f"; the others wait {fmt.ms(s.held_us_per_step)} ms per step" if s.held_us_per_step else ""
         lines.append(Text.assemble(("▲ straggler: ", f"bold {style.SEVERITY_COLOURS['high']}"),
                                    f"rank {s.rank} +{fmt.ms(s.excess_us_per_step)} ms per step ({s.cause}){held}"))
-    elif len(a.ranks) > 1:
-        lines.append(Text("no straggler: no rank holds the others back consistently", style="green"))
+    elif (words := no_straggler_words(a)) is not None:
+        lines.append(Text(f"straggler: {words}", style="green" if words.startswith("none;") else "yellow"))
     return Group(*lines)
 
 
