@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from pardiag.analysis import Collective
+from pardiag.analyzers.intervals import total_length
 from pardiag.analyzers.rank_trace import CollectiveCall
 
 
@@ -65,8 +66,11 @@ def match(per_rank: Mapping[int, Sequence[CollectiveCall]]) -> MatchResult:
 
     agg: dict[tuple[str, str], dict[str, float]] = {}
     meta: dict[tuple[str, str], dict[str, object]] = {}
-    wait_by_rank: dict[int, float] = defaultdict(float)
-    transfer_by_rank: dict[int, float] = defaultdict(float)
+    # per rank, the time intervals spent waiting and transferring: collectives in flight
+    # together (gloo runs DDP's buckets concurrently) wait for the same late rank, so a
+    # rank's wait is the union of its waits, not their sum
+    wait_iv: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    transfer_iv: dict[int, list[tuple[float, float]]] = defaultdict(list)
     wait_detail: dict[tuple[str, str], dict[int, float]] = defaultdict(lambda: defaultdict(float))
     unmatched = mismatched = launch_only = unnamed = mismatched_size = 0
     for key in sorted(instances, key=lambda k: (k[0], -1 if k[1] is None else k[1], k[2])):
@@ -109,8 +113,10 @@ def match(per_rank: Mapping[int, Sequence[CollectiveCall]]) -> MatchResult:
             a["sized"] += 1
             a["sized_transfer"] += transfer
         for r, d in durs.items():
-            wait_by_rank[r] += d - transfer
-            transfer_by_rank[r] += transfer
+            # a rank waits from its arrival until the last one arrives, then the data moves
+            start = by_rank[r].start_us
+            wait_iv[r].append((start, start + d - transfer))
+            transfer_iv[r].append((start + d - transfer, start + d))
             wait_detail[ident][r] += d - transfer
 
     out = []
@@ -139,8 +145,12 @@ def match(per_rank: Mapping[int, Sequence[CollectiveCall]]) -> MatchResult:
                 implementation=m["implementation"] if isinstance(m["implementation"], str) else None,
             )
         )
-    return MatchResult(out, dict(wait_by_rank), dict(transfer_by_rank), unmatched, mismatched, launch_only, unnamed,
+    return MatchResult(out, _union_lengths(wait_iv), _union_lengths(transfer_iv), unmatched, mismatched, launch_only, unnamed,
                        mismatched_size)
+
+
+def _union_lengths(by_rank: Mapping[int, list[tuple[float, float]]]) -> dict[int, float]:
+    return {r: total_length([s for s, _ in iv], [e for _, e in iv]) for r, iv in sorted(by_rank.items())}
 
 
 def _uneven_ok(op: str) -> bool:

@@ -332,3 +332,22 @@ def test_every_phase_is_in_the_contract_and_labelled() -> None:
     from pardiag.style import PHASE_COLOURS, PHASE_LABELS
 
     assert set(PHASES) == set(PHASE_KEYS) == set(PHASE_LABELS) == set(PHASE_COLOURS)
+
+
+def test_a_rank_waits_once_for_collectives_in_flight_together() -> None:
+    """gloo runs DDP's buckets concurrently: two all-reduces 10 us apart on rank 1 both wait
+    200 us for rank 0. Its wait is the 210 us it spent waiting, not 400."""
+    from dataclasses import replace
+
+    from pardiag.analyzers.collectives import match
+
+    def at(c: "CollectiveCall", start: float) -> "CollectiveCall":
+        return replace(c, start_us=start)
+
+    r0 = [at(_call("all_reduce", 4_000_000, 100.0), 0.0), at(_call("all_reduce", 4_000_000, 100.0), 10.0)]
+    r1 = [at(_call("all_reduce", 4_000_000, 300.0), 0.0), at(_call("all_reduce", 4_000_000, 300.0), 10.0)]
+    a = match({0: r0, 1: r1})
+    assert a.wait_by_rank_us == {0: 0.0, 1: 210.0}  # [0, 200] and [10, 210]
+    assert a.transfer_by_rank_us == {0: 110.0, 1: 110.0}  # [0, 100] and [10, 110]; [200, 300] and [210, 310]
+    (c,) = a.collectives
+    assert c.wait_us == 400.0 / 2 and c.wait_by_rank_us == {"0": 0.0, "1": 400.0}  # per collective: each call's own
