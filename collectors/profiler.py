@@ -20,7 +20,7 @@ import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
 from pardiag.collectors.config import CollectorConfig, ProfileSchedule
-from pardiag.rank_meta import safe_redact
+from pardiag.redact import safe_redact
 
 
 def phase(s: ProfileSchedule, rel: int) -> ProfilerAction:
@@ -153,6 +153,14 @@ class ProfilerWindow:
             self.on_error("profiler.stop", e)
         self.prof = None
         self.state = "done" if self.complete else "done_partial"
+        if self.trace_bytes is None:
+            # A failed export (a full disk) can leave the profiler's results in a reference
+            # cycle that holds the half-written file open: collected now, its space comes
+            # back at once instead of whenever the cyclic collector next runs, so the
+            # job's step records still fit.
+            import gc
+
+            gc.collect()
 
     def _fail(self, e: BaseException) -> None:
         self.on_error("profiler", e)

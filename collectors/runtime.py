@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pardiag import rundir, step_records
-from pardiag.rank_meta import safe_redact
+from pardiag.redact import safe_redact
 from pardiag.redact import redact_argv
 from pardiag.collectors.bootstrap import ENV_RUN_DIR, _PostImportFinder
 from pardiag.collectors.config import CollectorConfig

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from pardiag import __version__, rundir
-from pardiag.rank_meta import RankMeta, safe_redact
+from pardiag.rank_meta import RankMeta
+from pardiag.redact import safe_redact
 
 
 @contextmanager

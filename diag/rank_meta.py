@@ -16,51 +16,11 @@ An older version is upgraded on read, one step at a time (`UPGRADES`).
 
 from __future__ import annotations
 
-import os
-import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping, TypeVar
 
-from pardiag.redact import REDACTED, home_paths, is_secret_name, redact_text
-
-REDACTION_FAILED = "<redaction failed>"
-
-# `name=value` and `--name value` where the name says it holds a credential:
-# `--api-key=XYZ`, `TOKEN=XYZ`, `--password XYZ`.
-_VALUE = r"[^\s'\",;)\]}]+"
-_NAMED_VALUE = re.compile(r"(?<![\w.\-])(?P<name>-{0,2}[A-Za-z_][\w\-]*)(?P<sep>=)(?P<value>" + _VALUE + ")")
-_OPTION_VALUE = re.compile(r"(?<![\w.\-])(?P<name>--?[A-Za-z][\w\-]*)(?P<sep>[ \t]+)(?P<value>(?!-)" + _VALUE + ")")
-
-
-def redact_message(text: str, env: Mapping[str, str] | None = None) -> str:
-    """An exception message or traceback as it may be written to disk: token-shaped
-    values, URL passwords, the values of `name=value` / `--name value` pairs whose name
-    says secret, the literal values of secret variables in `env` (the process's own
-    environment by default) and the home directory (as `~`) are hidden."""
-
-    def named(m: re.Match[str]) -> str:
-        name = m.group("name")
-        if not is_secret_name(name.lstrip("-").replace("-", "_")):
-            return m.group(0)
-        return name + m.group("sep") + REDACTED
-
-    text = redact_text(text, os.environ if env is None else env)
-    text = _NAMED_VALUE.sub(named, text)
-    text = _OPTION_VALUE.sub(named, text)
-    return home_paths(text)
-
-
-def safe_redact(text: Any) -> Any:
-    """`redact_message` for writers that must never raise: a non-string is returned as
-    is, and a failure gives REDACTION_FAILED, never the unredacted text."""
-    if not isinstance(text, str):
-        return text
-    try:
-        return redact_message(text)
-    except Exception:
-        return REDACTION_FAILED
-
+from pardiag.redact import safe_redact
 
 # --------------------------------------------------------------------------- records
 

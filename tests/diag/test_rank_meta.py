@@ -16,7 +16,8 @@ import pytest
 
 from pardiag import manifest, rundir
 from pardiag.analysis import from_dict
-from pardiag.rank_meta import REDACTION_FAILED, RankMeta, parse_meta, redact_message, safe_redact
+from pardiag.rank_meta import RankMeta, parse_meta
+from pardiag.redact import REDACTION_FAILED, redact_message, safe_redact
 from pardiag.redact import REDACTED
 from pardiag.run_info import FrameworkInfo, RunInfo
 from pardiag.rundir import RunDir
@@ -157,13 +158,13 @@ def test_redact_message() -> None:
 
 
 def test_a_redaction_that_fails_writes_its_placeholder(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pardiag import rank_meta
+    from pardiag import redact
 
     def broken(text: str, env: Any = None) -> str:
         raise re_error
 
     re_error = RuntimeError("boom")
-    monkeypatch.setattr(rank_meta, "redact_message", broken)
+    monkeypatch.setattr(redact, "redact_message", broken)
     assert safe_redact(MESSAGE) == REDACTION_FAILED
 
 
@@ -214,14 +215,14 @@ def test_the_profiler_failure_reason_has_no_secret(tmp_path: Path) -> None:
 
 
 def test_the_collector_writes_the_placeholder_when_redaction_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pardiag import rank_meta
+    from pardiag import redact
 
     c = _collector(tmp_path)
 
     def broken(text: str, env: Any = None) -> str:
         raise ValueError("redaction broke")
 
-    monkeypatch.setattr(rank_meta, "redact_message", broken)
+    monkeypatch.setattr(redact, "redact_message", broken)
     try:
         raise RuntimeError(MESSAGE)
     except RuntimeError as e:
