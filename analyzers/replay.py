@@ -78,6 +78,7 @@ class Node:
     deps: list[int] = field(default_factory=list)
     delay: float = 0.0
     key: Key | None = None  # collectives: the match key
+    group_size: int | None = None  # collectives: the process group's size, when the trace says
     name: str = ""
     step: int | None = None
 
@@ -184,7 +185,7 @@ class ReplayResult:
 
     @property
     def error(self) -> float:
-        """Relative error of the mean replayed step against the measured one."""
+        """Relative error of the replayed job step against the measured one."""
         m = self.measured_step_us
         return abs(self.replayed_step_us - m) / m if m > 0 else math.inf
 
@@ -232,8 +233,9 @@ class WhatIfResult:
 
 
 def _mean_step(steps: Mapping[int, Mapping[int, float]]) -> float:
+    """The job's step: the slowest rank's mean step (the job moves at its pace)."""
     per_rank = [sum(s.values()) / len(s) for s in steps.values() if s]
-    return sum(per_rank) / len(per_rank) if per_rank else 0.0
+    return max(per_rank) if per_rank else 0.0
 
 
 # ------------------------------------------------------------------------------ building
@@ -297,55 +299,60 @@ class _RankBuilder:
 
     # -- collectives ---------------------------------------------------------------------
     def _collectives(self, host_tids: list[int]) -> list[tuple[int, float | None]]:
-        """One node per collective call on its worker thread or device stream; returns
-        (node, issue time on the host or None)."""
+        """One node per collective call on its worker thread (gloo); returns (node,
+        issue time on the host or None). Calls timed on the device become nodes of
+        their kernels' streams (``_kernels``)."""
         t = self.t
         evs = [e for e in t.collectives if e.name.startswith(BACKEND_PREFIXES) and not e.on_gpu]
         tid_at = {round(e.ts_us, 3): e.tid for e in evs}
-        gpu_at = {round(e.ts_us, 3): e.tid for e in t.collectives if e.on_gpu}
         issues = sorted(e.ts_us for e in t.collectives
                         if e.name.startswith("c10d::") and not e.on_gpu and e.tid in host_tids)
         taken = 0
         out: list[tuple[int, float | None]] = []
-        keys = _key(self.calls)
-        for c, k in sorted(zip(self.calls, keys), key=lambda ck: ck[0].start_us):
+        self.device_calls: dict[float, tuple[CollectiveCall, Key]] = {}
+        for c, k in sorted(zip(self.calls, _key(self.calls)), key=lambda ck: ck[0].start_us):
             if c.timing == "device":
-                stream = f"stream {gpu_at.get(round(c.start_us, 3), 'comm')}"
-            else:
-                stream = f"thread {tid_at.get(round(c.start_us, 3), 'comm')}"
+                self.device_calls[round(c.start_us, 3)] = (c, k)
+                continue
             issue = None
-            if c.timing != "device":
-                while taken < len(issues) and issues[taken] <= c.start_us:
-                    issue = issues[taken]
-                    taken += 1
-                    break
-            nid = self.add(COLL, stream, "comm", c.start_us, c.start_us + c.dur_us, key=k,
-                           name=f"{c.op} {c.process_group}", step=c.step)
+            if taken < len(issues) and issues[taken] <= c.start_us:
+                issue = issues[taken]
+                taken += 1
+            nid = self.add(COLL, f"thread {tid_at.get(round(c.start_us, 3), 'comm')}", "comm", c.start_us,
+                           c.start_us + c.dur_us, key=k, name=f"{c.op} {c.process_group}", step=c.step,
+                           group_size=c.group_size)
             out.append((nid, issue))
         return out
 
     # -- device streams ------------------------------------------------------------------
     def _kernels(self) -> dict[int, int]:
-        """Kernels in the window as nodes on their streams; correlation -> node."""
+        """Kernels in the window as nodes on their streams (a collective timed on the
+        device: one node for its call, at its first kernel); correlation -> node."""
         g, t = self.t.gpu, self.t
         lo, hi = self.window
         kinds = event_kinds(g.name_id, g.cat_id, t.names, t.cats)
-        coll_starts = {round(n.measured_start + self.off, 3) for n in self.m.nodes
-                       if n.rank == self.rank and n.kind == COLL and n.stream.startswith("stream")}
         sel = np.flatnonzero((g.ts_us < hi) & (g.ts_us + g.dur_us > lo) & (g.dur_us >= 0))
         sel = sel[np.argsort(g.ts_us[sel], kind="stable")]
         by_corr: dict[int, int] = {}
+        pending = dict(self.device_calls)
         for i in sel.tolist():
             s = float(g.ts_us[i])
-            if round(s, 3) in coll_starts:
-                continue  # the collective's own node
-            kind = kinds[i]
-            phase = "comm" if kind == KernelKind.COMMUNICATION else (
-                "compute" if kind == KernelKind.COMPUTATION else "memory")
-            nid = self.add(KERNEL, f"stream {int(g.stream[i])}", phase, s, s + float(g.dur_us[i]),
-                           name=t.names[g.name_id[i]])
+            stream = f"stream {int(g.stream[i])}"
+            call = pending.pop(round(max(s, lo), 3), None) if kinds[i] == KernelKind.COMMUNICATION else None
+            if call is not None:
+                c, k = call
+                nid = self.add(COLL, stream, "comm", c.start_us, c.start_us + c.dur_us, key=k,
+                               name=f"{c.op} {c.process_group}", step=c.step, group_size=c.group_size)
+            else:
+                kind = kinds[i]
+                phase = "comm" if kind == KernelKind.COMMUNICATION else (
+                    "compute" if kind == KernelKind.COMPUTATION else "memory")
+                nid = self.add(KERNEL, stream, phase, s, s + float(g.dur_us[i]), name=t.names[g.name_id[i]])
             if g.correlation[i] >= 0:
                 by_corr[int(g.correlation[i])] = nid
+        for c, k in pending.values():  # no kernel found at its start: a local op of its measured length
+            self.add(COLL, "stream comm", "comm", c.start_us, c.start_us + c.dur_us, name=f"{c.op} {c.process_group}",
+                     step=c.step)
         return by_corr
 
     # -- host streams --------------------------------------------------------------------
@@ -462,24 +469,29 @@ class _RankBuilder:
         """Gaps and sync calls that end just after a collective, a kernel or another
         thread's work ends become waits for it."""
         nodes = self.m.nodes
-        cands: list[tuple[float, int]] = [(nodes[n].measured_end, n) for n, _ in coll_nodes]
+        colls = sorted((nodes[n].measured_end, n) for n, _ in coll_nodes)
         kern = sorted((nodes[k].measured_end, k) for k in kernel_nodes.values())
-        threads = [(e - self.off, n, st) for e, n, st in self.host_ends]
+        by_stream: dict[str, list[tuple[float, int]]] = defaultdict(list)
+        for e, n, st in self.host_ends:
+            by_stream[st].append((e - self.off, n))
+        for v in by_stream.values():
+            v.sort()
         for stream_key, ids in self.m.streams.items():
-            if stream_key[0] != self.rank or not (stream_key[1] == "host" or
-                                                  nodes[ids[0]].kind in (WORK, GAP, "sync")):
+            if stream_key[0] != self.rank or stream_key[1] not in by_stream and stream_key[1] != "host":
                 continue
+            pools = [colls] + [v for st, v in by_stream.items() if st != stream_key[1]]
             for n in ids:
                 node = nodes[n]
                 if node.kind not in (GAP, "sync"):
                     continue
-                pool = list(cands)
-                if node.kind == "sync":
-                    pool += kern
-                pool += [(e, m) for e, m, st in threads if st != stream_key[1]]
-                best = max(((e, m) for e, m in pool
-                            if node.measured_start < e <= node.measured_end
-                            and node.measured_end - e <= WAIT_TOL_US), default=None)
+                best: tuple[float, int] | None = None
+                for pool in (pools + [kern]) if node.kind == "sync" else pools:
+                    j = bisect.bisect_right(pool, (node.measured_end, math.inf)) - 1
+                    if j >= 0:
+                        e, m = pool[j]
+                        if node.measured_start < e and node.measured_end - e <= WAIT_TOL_US and (
+                                best is None or e > best[0]):
+                            best = (e, m)
                 if best is None:
                     continue
                 e, m = best
@@ -489,9 +501,13 @@ class _RankBuilder:
                 node.dur = node.measured_end - e
 
 
-def build_model(traces: Mapping[int, Trace], incomplete: Iterable[int] = ()) -> Model:
+def build_model(traces: Mapping[int, Trace], incomplete: Iterable[int] = (),
+                hosts: Mapping[int, str | None] | None = None) -> Model:
     """The dependency model of the ranks' profiled windows. ``incomplete``: ranks whose
-    window was cut short by the process exiting (their last step is left out)."""
+    window was cut short by the process exiting (their last step is left out).
+    ``hosts``: each rank's host; ranks on the host of the lowest rank share its clock,
+    the others (and all of them when hosts are not known) are aligned on the ends of
+    their matched collectives (``collectives.clock_offsets``)."""
     model = Model([], {}, {}, {}, {}, {}, {})
     per_rank: dict[int, tuple[tuple[StepSpan, ...], int, list[CollectiveCall]]] = {}
     cut = set(incomplete)
@@ -505,12 +521,18 @@ def build_model(traces: Mapping[int, Trace], incomplete: Iterable[int] = ()) -> 
         window = (steps[0].start_us, steps[-1].end_us)
         per_rank[r] = (steps, main, collective_calls(t, steps, window))
     offsets = clock_offsets({r: end_times(c) for r, (_, _, c) in per_rank.items()})
+    if hosts and per_rank:
+        ref = hosts.get(min(per_rank))
+        for r in per_rank:
+            if ref is not None and hosts.get(r) == ref:
+                offsets[r] = 0.0  # one clock: aligning would hide a rank's late arrival
     for r, (steps, main, calls) in per_rank.items():
         off = offsets.get(r, 0.0)
         _RankBuilder(model, r, traces[r], steps, main, calls, off).build()
         model.origin[r] = steps[0].start_us - off
         model.measured_steps[r] = {sp.step: (steps[i + 1].start_us if i + 1 < len(steps) else sp.end_us)
                                    - sp.start_us for i, sp in enumerate(steps)}
+    world = max([t.distributed.world_size or 0 for t in traces.values() if t.distributed] + [len(per_rank)])
     # collectives: matched when every rank analysed has the key with one op and one size
     members: dict[Key, list[int]] = defaultdict(list)
     for i, n in enumerate(model.nodes):
@@ -518,7 +540,11 @@ def build_model(traces: Mapping[int, Trace], incomplete: Iterable[int] = ()) -> 
             members[n.key].append(i)
     for k, ids in members.items():
         ops = {model.nodes[i].name for i in ids}
-        if len(ids) == len(per_rank) > 1 and len(ops) == 1:
+        sizes = {model.nodes[i].group_size for i in ids} - {None}
+        # only a group whose members are all here can be replayed as one synchronisation
+        # (a trace that names no group size: the job's world size, when the trace says it)
+        whole = (max(sizes) if sizes else world) <= len(ids)
+        if len(ids) == len(per_rank) > 1 and len(ops) == 1 and whole:
             model.groups[k] = ids
         else:
             for i in ids:  # seen on one rank, or the ranks disagree: a local op of its measured length
@@ -561,8 +587,10 @@ def _apply(model: Model, edits: Sequence[Edit]) -> tuple[list[float], bool]:
                     dur[i] = 0.0
         elif isinstance(ed, ScaleCompute):
             rs = ranks_of(ed.ranks)
+            # on a GPU the compute is the kernels; the host's operators only launch them
+            gpu = {n.rank for n in nodes if n.kind == KERNEL}
             for i, n in enumerate(nodes):
-                if n.rank in rs and ((n.kind == WORK and n.phase in COMPUTE_PHASES)
+                if n.rank in rs and ((n.kind == WORK and n.phase in COMPUTE_PHASES and n.rank not in gpu)
                                      or (n.kind == KERNEL and n.phase == "compute")):
                     dur[i] *= ed.factor
         elif isinstance(ed, RemoveInputWait):
@@ -728,9 +756,16 @@ def load_run(path: str) -> Model:
     from pathlib import Path
 
     from pardiag.analyzers.pipeline import find_inputs
-    from pardiag.analyzers.trace import load_trace
+    from pardiag.analyzers.trace import load_trace, trace_head
 
     notices: list[object] = []
     _run, inputs = find_inputs(Path(path), notices)  # type: ignore[arg-type]
     traces = {i.rank: load_trace(i.trace) for i in inputs if i.trace is not None}
-    return build_model(traces, incomplete=[i.rank for i in inputs if not i.trace_complete])
+    hosts = {i.rank: _host_of(trace_head(i.trace)) for i in inputs if i.trace is not None}
+    return build_model(traces, incomplete=[i.rank for i in inputs if not i.trace_complete],
+                       hosts=hosts if all(hosts.values()) else None)
+
+
+def _host_of(head: Mapping[str, object]) -> str | None:
+    h = head.get("host_name")
+    return h if isinstance(h, str) and h else None

@@ -1,0 +1,135 @@
+"""The replay of the profiled window, on hand-built gloo traces whose numbers are worked
+out by hand (tracegen.gloo_replay_rank): forward 1000 us, backward 1200 us, a 10 us
+c10d::allreduce_ call, the worker's all-reduce (transfer 200 us once both ranks are in),
+the loop waking 20 us after it, the optimizer 100 us."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pardiag.analyzers.replay import (
+    CollectivesAtTransfer, RemoveHostGaps, RemoveInputWait, ScaleCompute, Straggler, build_model, replay,
+    what_if)
+from pardiag.analyzers.trace import load_trace
+from tests.tracegen import gloo_replay_rank, write_trace
+
+
+def _model(tmp_path: Path, rank0: list[dict[str, object]], rank1: list[dict[str, object]]):  # type: ignore[no-untyped-def]
+    traces = {r: load_trace(write_trace(tmp_path / f"rank{r}.json", ev, rank=r)) for r, ev in ((0, rank0), (1, rank1))}
+    return build_model(traces, hosts={0: "node", 1: "node"})
+
+
+@pytest.fixture
+def late_rank(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """Rank 1 sleeps 300 us before its forward: it reaches the all-reduce at 2510 us,
+    rank 0 at 2210 us; both finish it at 2710 (200 us of transfer), step 2830 us."""
+    return _model(tmp_path, gloo_replay_rank(0, 2210, 2710), gloo_replay_rank(300, 2510, 2710))
+
+
+def test_replay_reproduces_the_measured_step(late_rank) -> None:  # type: ignore[no-untyped-def]
+    r = replay(late_rank)
+    assert r.measured_steps == {0: {1: 2830.0}, 1: {1: 2830.0}}
+    assert r.replayed_steps[0][1] == pytest.approx(2830.0)
+    assert r.replayed_steps[1][1] == pytest.approx(2830.0)
+    assert r.error == pytest.approx(0.0, abs=1e-9)
+    assert r.refusal() is None
+    # the collective is one sync point: 200 us of transfer, the rest of rank 0's 500 us is waiting
+    (key, members), = late_rank.groups.items()
+    assert key == ("0:default_pg", 1, 0)
+    assert [late_rank.nodes[i].dur for i in members] == [200.0, 200.0]
+
+
+def test_removing_the_late_ranks_sleep_removes_the_others_wait(late_rank) -> None:  # type: ignore[no-untyped-def]
+    # rank 1 reaches the all-reduce at 2200 + 10 (the call, then the worker's 10 us
+    # pick-up) = 2210 like rank 0; done at 2410, awake at 2430, optimizer to 2530
+    for edit in (RemoveHostGaps(ranks=(1,)), Straggler(1)):
+        r = replay(late_rank, [edit])
+        assert r.replayed_steps[0][1] == pytest.approx(2530.0)
+        assert r.replayed_steps[1][1] == pytest.approx(2530.0)
+    # rank 0's own 300 us of waiting is gone without editing rank 0
+    res = what_if(late_rank, [RemoveHostGaps(ranks=(1,))])
+    assert res.each[0].step_us == pytest.approx(2530.0)
+    assert res.each[0].saving == pytest.approx(300 / 2830)
+
+
+def test_collectives_at_transfer_time_do_not_fix_a_late_rank(late_rank) -> None:  # type: ignore[no-untyped-def]
+    # nobody waits: rank 0 is done at 2210 + 200 + 20 + 100 = 2530, but rank 1 still
+    # arrives at 2510 and ends at 2830: the job moves at rank 1's pace
+    r = replay(late_rank, [CollectivesAtTransfer()])
+    assert r.replayed_steps[0][1] == pytest.approx(2530.0)
+    assert r.replayed_steps[1][1] == pytest.approx(2830.0)
+    assert r.replayed_step_us == pytest.approx(2830.0)
+
+
+def test_compute_scaled_and_edits_replayed_together(late_rank) -> None:  # type: ignore[no-untyped-def]
+    # at half the compute: forward 500, backward 600, the call 5; rank 1 arrives at
+    # 300 + 1100 + 10 (pick-up) = 1410, done 1610, awake 1630, optimizer 50 -> 1680
+    assert replay(late_rank, [ScaleCompute(0.5)]).replayed_step_us == pytest.approx(1680.0)
+    # with the sleep gone as well: both arrive at 1110, done 1310, awake 1330 -> 1380
+    res = what_if(late_rank, [ScaleCompute(0.5), RemoveHostGaps()])
+    assert res.combined.step_us == pytest.approx(1380.0)
+    assert [w.step_us for w in res.each] == pytest.approx([1680.0, 2530.0])
+    # one replay, not a product of the two savings
+    prod = 1 - (1 - res.each[0].saving) * (1 - res.each[1].saving)
+    assert res.combined.saving == pytest.approx(1 - 1380 / 2830)
+    assert abs(res.combined.saving - prod) > 0.01
+
+
+def test_critical_path_goes_through_the_late_rank(late_rank) -> None:  # type: ignore[no-untyped-def]
+    cp = replay(late_rank).critical_paths[1]
+    # rank 1: sleep 300, forward 1000, backward 1200, the all-reduce from the end of
+    # backward (10 us pick-up + 200 us transfer), the 20 us wake-up, optimizer 100
+    assert cp.by_rank_us == pytest.approx({1: 2830.0})
+    assert cp.by_phase_us == pytest.approx({"host": 300.0, "forward": 1000.0, "backward": 1200.0,
+                                            "comm": 210.0, "wait": 20.0, "optimizer": 100.0})
+    assert (cp.top_rank, cp.top_phase, cp.top_collective) == (1, "backward", "all_reduce 0:default_pg")
+    # with rank 1 fixed, both arrive together
+    cp = replay(late_rank, [RemoveHostGaps()]).critical_paths[1]
+    assert "host" not in cp.by_phase_us and sum(cp.by_phase_us.values()) == pytest.approx(2530.0)
+
+
+def test_input_wait_cut_to_the_fastest_fetch(tmp_path: Path) -> None:
+    # both ranks fetch twice (500 us and 100 us, each followed by a 10 us stack) before
+    # forward: they arrive at 620 + 2200 + 10 = 2830, done 3030, awake 3050, step 3150;
+    # with every fetch as fast as the fastest (100 us), 400 us less
+    dl = (500.0, 100.0)
+    m = _model(tmp_path, gloo_replay_rank(0, 2830, 3030, dl), gloo_replay_rank(0, 2830, 3030, dl))
+    assert replay(m).replayed_step_us == pytest.approx(3150.0)
+    assert replay(m, [RemoveInputWait()]).replayed_step_us == pytest.approx(2750.0)
+
+
+def test_refused_when_the_replay_misses_the_measured_step(tmp_path: Path) -> None:
+    # rank 1's all-reduce lasts 1000 us from its arrival but rank 0's ends 500 us after
+    # rank 0's own arrival: they cannot both be one collective ending for everyone at
+    # once. Replayed: transfer 500 from 2510 -> 3010, both ranks done at 3130; measured
+    # rank 1: 3510 + 20 + 100 = 3630 -> 13.8% off
+    m = _model(tmp_path, gloo_replay_rank(0, 2210, 2710), gloo_replay_rank(300, 2510, 3510))
+    r = replay(m)
+    assert r.measured_step_us == pytest.approx(3630.0)
+    assert r.replayed_step_us == pytest.approx(3130.0)
+    assert r.error == pytest.approx(500 / 3630)
+    why = r.refusal()
+    assert why is not None and "13.8% off" in why
+    assert what_if(m, [RemoveHostGaps()]).refused == why
+
+
+def test_ranks_of_unknown_hosts_are_aligned_on_their_collectives(tmp_path: Path) -> None:
+    # the same traces as above without hosts: rank 1's clock is taken as 800 us ahead
+    # (its all-reduce ends at 3510, rank 0's at 2710), which explains the whole difference
+    traces = {r: load_trace(write_trace(tmp_path / f"rank{r}.json", ev, rank=r)) for r, ev in
+              ((0, gloo_replay_rank(0, 2210, 2710)), (1, gloo_replay_rank(300, 2510, 3510)))}
+    r = replay(build_model(traces))
+    assert r.replayed_step_us == pytest.approx(3630.0)
+    assert r.error == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_collective_seen_on_one_rank_keeps_its_measured_length(tmp_path: Path) -> None:
+    # rank 1's trace has no all-reduce: rank 0's is a local op of its measured 500 us
+    r1 = [e for e in gloo_replay_rank(300, 2510, 2710) if e["name"] != "gloo:all_reduce"]
+    m = _model(tmp_path, gloo_replay_rank(0, 2210, 2710), r1)
+    assert m.groups == {}
+    r = replay(m)
+    assert r.replayed_steps[0][1] == pytest.approx(2830.0)
+    assert r.error == pytest.approx(0.0, abs=1e-9)
