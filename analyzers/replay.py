@@ -540,7 +540,7 @@ def build_model(traces: Mapping[int, Trace], incomplete: Iterable[int] = (),
             members[n.key].append(i)
     for k, ids in members.items():
         ops = {model.nodes[i].name for i in ids}
-        sizes = {model.nodes[i].group_size for i in ids} - {None}
+        sizes = {g for i in ids if (g := model.nodes[i].group_size) is not None}
         # only a group whose members are all here can be replayed as one synchronisation
         # (a trace that names no group size: the job's world size, when the trace says it)
         whole = (max(sizes) if sizes else world) <= len(ids)
