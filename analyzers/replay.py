@@ -44,7 +44,7 @@ import numpy as np
 from pardiag.analyzers.collectives import _key, clock_offsets, end_times
 from pardiag.analyzers.kernels import KernelKind, event_kinds
 from pardiag.analyzers.rank_trace import (
-    BACKWARD, BACKEND_PREFIXES, COMM, DATALOADER, OPTIMIZER, SYNC_CALLS, CollectiveCall, StepSpan,
+    BACKWARD, BACKEND_PREFIXES, DATALOADER, OPTIMIZER, SYNC_CALLS, CollectiveCall, StepSpan,
     collective_calls, profiled_steps)
 from pardiag.analyzers.trace import Trace
 
@@ -280,19 +280,17 @@ class _RankBuilder:
         cpu = t.cpu
         in_win = (cpu.ts_us < hi) & (cpu.ts_us + cpu.dur_us > lo) & (cpu.dur_us >= 0)
         names = t.names
-        is_comm = np.isin(cpu.name_id, _ids(names, COMM))
         bwd_ids = _ids(names, BACKWARD)
         is_bwd = np.isin(cpu.name_id, bwd_ids)
         gpu_run = len(t.gpu) > 0
-        host_tids = [self.main]
-        if gpu_run:
-            host_tids += sorted(set(np.unique(cpu.tid[is_bwd & in_win]).tolist()) - {self.main})
+        # the loop's thread, and the autograd engine's threads when backward runs elsewhere (GPU)
+        host_tids = [self.main] + sorted(set(np.unique(cpu.tid[is_bwd & in_win]).tolist()) - {self.main})
         self.host_ends: list[tuple[float, int, str]] = []  # (end, node, stream) of every host stream's work
         # collectives first: host segments are cut where they are issued
         coll_nodes = self._collectives(host_tids)
         kernel_nodes = self._kernels() if gpu_run else {}
         for i, tid in enumerate(host_tids):
-            self._host(tid, "host" if i == 0 else f"thread {tid}", in_win & ~(is_comm & (cpu.tid != tid)),
+            self._host(tid, "host" if i == 0 else f"host thread {tid}", in_win,
                        coll_nodes, kernel_nodes)
         self._wire_issue(coll_nodes, kernel_nodes)
         self._waits(coll_nodes, kernel_nodes)
@@ -396,7 +394,6 @@ class _RankBuilder:
             last_bwd.append(max(inb) if inb else sp.start_us)
             cuts.add(last_bwd[-1])
         # issue points (collective calls, kernel launches) on this thread
-        self.issue_points = getattr(self, "issue_points", {})
         for _, issue in coll_nodes:
             if issue is not None and lo <= issue < hi and self._on_thread(tid, issue):
                 cuts.add(issue)
@@ -441,7 +438,7 @@ class _RankBuilder:
     def _host_node_ending_at(self, ts: float) -> int | None:
         """The host node that ends at ``ts`` (a cut), on any host stream of the rank."""
         for (rank, _stream), ids in self.m.streams.items():
-            if rank != self.rank or not (_stream == "host" or _stream.startswith("thread")):
+            if rank != self.rank or not _stream.startswith("host"):
                 continue
             ends = [self.m.nodes[i].measured_end + self.off for i in ids]
             j = bisect.bisect_left(ends, ts - 1e-6)
@@ -477,7 +474,7 @@ class _RankBuilder:
         for v in by_stream.values():
             v.sort()
         for stream_key, ids in self.m.streams.items():
-            if stream_key[0] != self.rank or stream_key[1] not in by_stream and stream_key[1] != "host":
+            if stream_key[0] != self.rank or not stream_key[1].startswith("host"):
                 continue
             pools = [colls] + [v for st, v in by_stream.items() if st != stream_key[1]]
             for n in ids:
