@@ -110,8 +110,10 @@ def test_refused_when_the_replay_misses_the_measured_step(tmp_path: Path) -> Non
     assert r.measured_step_us == pytest.approx(3630.0)
     assert r.replayed_step_us == pytest.approx(3130.0)
     assert r.error == pytest.approx(500 / 3630)
+    assert r.rank_errors() == {0: pytest.approx((2830.0, 3130.0, 300 / 2830)),
+                               1: pytest.approx((3630.0, 3130.0, 500 / 3630))}
     why = r.refusal()
-    assert why is not None and "13.8% off" in why
+    assert why is not None and "rank 1: 3.13 ms replayed, 3.63 ms measured, 13.8% off" in why
     assert what_if(m, [RemoveHostGaps()]).refused == why
 
 
