@@ -13,7 +13,9 @@ from pardiag.analyzers.replay import (
     CollectivesAtTransfer, RemoveHostGaps, RemoveInputWait, ScaleCompute, Straggler, build_model, replay,
     what_if)
 from pardiag.analyzers.trace import load_trace
-from tests.tracegen import gloo_replay_rank, write_trace
+from conftest import FIXTURES
+from tracegen import (
+    cpu_op, gloo_replay_rank, launch, launched_kernel, meta_events, step, write_kineto_trace, write_trace)
 
 
 def _model(tmp_path: Path, rank0: list[dict[str, object]], rank1: list[dict[str, object]]):  # type: ignore[no-untyped-def]
@@ -135,3 +137,34 @@ def test_a_collective_seen_on_one_rank_keeps_its_measured_length(tmp_path: Path)
     r = replay(m)
     assert r.replayed_steps[0][1] == pytest.approx(2830.0)
     assert r.error == pytest.approx(0.0, abs=1e-9)
+
+
+def test_gpu_kernels_wait_for_their_launch_and_syncs_for_kernels(tmp_path: Path) -> None:
+    # the host launches a 500 us matmul at 50 us (it starts 10 us later), waits for it in
+    # cudaStreamSynchronize from 100 us (awake 10 us after it ends at 560), then runs a
+    # 100 us operator: step 670 us. At half the kernel time: done at 310, awake 320, 420.
+    events = [*meta_events(), step(1, 0, 670), cpu_op("aten::mm", 0, 100), launch(1, 50),
+              launched_kernel("volta_sgemm_128x64_nn", 60, 500, corr=1),
+              {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "pid": 1, "tid": 1,
+               "ts": 100, "dur": 470, "args": {"cbid": 131, "correlation": 2}},
+              cpu_op("aten::add_", 570, 100)]
+    m = build_model({0: load_trace(write_kineto_trace(tmp_path / "gpu.json", events))})
+    (k,) = [n for n in m.nodes if n.kind == "kernel"]
+    assert (k.dur, k.delay, [m.nodes[d].measured_end for d in k.deps]) == (500.0, 10.0, [50.0])
+    assert replay(m).replayed_steps == {0: {1: pytest.approx(670.0)}}
+    # on a GPU the compute is the kernels: the host's operators keep their time
+    assert replay(m, [ScaleCompute(0.5)]).replayed_steps == {0: {1: pytest.approx(420.0)}}
+
+
+def test_real_gpu_traces_replay(tmp_path: Path) -> None:
+    # one rank of a 2-GPU job, and two ranks of a 128-rank job (their collectives' other
+    # members are not here: each keeps its measured length, no synchronisation between them)
+    for name, files in (("a100-2rank-rank0", ["nccl_data.json.gz"]),
+                        ("sampled-128rank-job", ["sampled_rank-0.json.gz", "sampled_rank-1.json.gz"])):
+        traces = {r: load_trace(FIXTURES / "gpu-traces" / name / f) for r, f in enumerate(files)}
+        m = build_model(traces)
+        kernels = [n for n in m.nodes if n.kind == "kernel"]
+        assert kernels and sum(bool(n.deps) for n in kernels) / len(kernels) > 0.6
+        assert m.groups == {}
+        r = replay(m)
+        assert r.error < 1e-6 and r.refusal() is None
