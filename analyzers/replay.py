@@ -4,8 +4,8 @@ rank did, re-timed from its measured durations, so that edits to those durations
 
 The model, per rank:
 
-* host streams: the thread of the training loop (and, on GPU runs, the autograd
-  threads) cut into segments that tile the window: work (the operators, by phase),
+* host streams: the thread of the training loop (and the autograd engine's threads
+  where backward runs on its own, as on GPUs) cut into segments that tile the window: work (the operators, by phase),
   host gaps (no torch operator runs: Python, I/O, sleeping) and waits. A wait is a gap
   or a device sync call that contains the end of something it depends on (a collective,
   a kernel, another thread's work) and ends within ``WAIT_TOL_US`` of it: in the replay
@@ -23,7 +23,9 @@ What the trace cannot explain (a worker thread picking a collective up late, a k
 starting after its launch) is kept as a measured delay before the operation, so the
 replay with the measured durations reproduces the measured step only when the
 dependencies are right: its error is the test of the model. Estimates are refused
-when it exceeds ``MAX_ERROR``.
+when it exceeds ``MAX_ERROR``. On gloo most of the error is the collectives' ending
+together: on a loaded CPU a rank whose worker thread is descheduled finishes the same
+all-reduce milliseconds after its peer, which the shortest duration does not hold.
 
 The replayed step of a rank runs from the replayed start of its ``ProfilerStep`` to the
 next one's (the last: its end); the measured one likewise, so both tile the window.
@@ -450,12 +452,13 @@ class _RankBuilder:
 
     def _host_node_ending_at(self, ts: float) -> int | None:
         """The host node that ends at ``ts`` (a cut), on any host stream of the rank."""
-        for (rank, _stream), ids in self.m.streams.items():
-            if rank != self.rank or not _stream.startswith("host"):
-                continue
-            ends = [self.m.nodes[i].measured_end + self.off for i in ids]
+        if not hasattr(self, "_host_ends_by_stream"):
+            self._host_ends_by_stream = [
+                ([self.m.nodes[i].measured_end + self.off for i in ids], ids)
+                for (rank, stream), ids in self.m.streams.items() if rank == self.rank and stream.startswith("host")]
+        for ends, ids in self._host_ends_by_stream:
             j = bisect.bisect_left(ends, ts - 1e-6)
-            if j < len(ends) and abs(ends[j] - ts) < 1e-6 and self.m.nodes[ids[j]].kind != COLL:
+            if j < len(ends) and abs(ends[j] - ts) < 1e-6:
                 return ids[j]
         return None
 
