@@ -15,7 +15,11 @@ The model, per rank:
   or the kernel launch), starts when its stream is free, and is a synchronisation point
   across ranks matched as ``collectives.match`` matches them (process group, step,
   order): it ends for every member when the last one has arrived plus its transfer
-  time, the shortest duration across ranks;
+  time. The transfer time runs from the last arrival to the first sign of completion
+  on any member: an annotation's end (for the last to arrive, its whole duration, as
+  ``collectives.match`` takes it) or a thread it released. On gloo a worker thread
+  descheduled on a busy CPU closes its annotation milliseconds after the collective
+  released the waiting loop, so the shortest duration would end it late;
 * device streams (GPU traces): kernels in program order per stream, each after its
   launch (correlation ids).
 
@@ -23,9 +27,7 @@ What the trace cannot explain (a worker thread picking a collective up late, a k
 starting after its launch) is kept as a measured delay before the operation, so the
 replay with the measured durations reproduces the measured step only when the
 dependencies are right: its error is the test of the model. Estimates are refused
-when it exceeds ``MAX_ERROR``. On gloo most of the error is the collectives' ending
-together: on a loaded CPU a rank whose worker thread is descheduled finishes the same
-all-reduce milliseconds after its peer, which the shortest duration does not hold.
+when it exceeds ``MAX_ERROR``.
 
 The replayed step of a rank runs from the replayed start of its ``ProfilerStep`` to the
 next one's (the last: its end); the measured one likewise, so both tile the window.
@@ -81,7 +83,8 @@ class Node:
     delay: float = 0.0
     key: Key | None = None  # collectives: the match key
     group_size: int | None = None  # collectives: the process group's size, when the trace says
-    transfer: float | None = None  # matched collectives: the shortest duration across ranks
+    transfer: float | None = None  # collectives: from the last member's arrival to its completion
+    done: float | None = None  # collectives: when it completed (measured)
     name: str = ""
     step: int | None = None
 
@@ -308,7 +311,7 @@ class _RankBuilder:
             self._host(tid, "host" if i == 0 else f"host thread {tid}", in_win,
                        coll_nodes, kernel_nodes)
         self._wire_issue(coll_nodes, kernel_nodes)
-        self._waits(coll_nodes, kernel_nodes)
+        self.coll_nodes, self.kernel_nodes = coll_nodes, kernel_nodes
 
     # -- collectives ---------------------------------------------------------------------
     def _collectives(self, host_tids: list[int]) -> list[tuple[int, float | None]]:
@@ -478,12 +481,18 @@ class _RankBuilder:
                 if h is not None:
                     self.m.nodes[k].deps.append(h)
 
-    def _waits(self, coll_nodes: list[tuple[int, float | None]], kernel_nodes: dict[int, int]) -> None:
+    def waits(self, last_arrival: Mapping[int, float], post: Mapping[int, float]) -> None:
         """Gaps and sync calls that end just after a collective, a kernel or another
-        thread's work ends become waits for it."""
+        thread's work ends become waits for it. A gap also waits for a collective when the
+        collective's last member arrives during it and it ends while the collective's
+        annotation is still open on this rank, no later than the quickest member's end
+        after that arrival
+        (``post``) allows: gloo's worker can close its annotation milliseconds after it
+        released the waiting thread (it was descheduled on a busy CPU)."""
         nodes = self.m.nodes
-        colls = sorted((nodes[n].measured_end, n) for n, _ in coll_nodes)
-        kern = sorted((nodes[k].measured_end, k) for k in kernel_nodes.values())
+        coll_ids = [n for n, _ in self.coll_nodes]
+        colls = sorted((nodes[n].measured_end, n) for n in coll_ids)
+        kern = sorted((nodes[k].measured_end, k) for k in self.kernel_nodes.values())
         by_stream: dict[str, list[tuple[float, int]]] = defaultdict(list)
         for e, n, st in self.host_ends:
             by_stream[st].append((e - self.off, n))
@@ -505,13 +514,20 @@ class _RankBuilder:
                         if node.measured_start < e and node.measured_end - e <= WAIT_TOL_US and (
                                 best is None or e > best[0]):
                             best = (e, m)
+                g_end = node.measured_end
+                for c in coll_ids:
+                    cn = nodes[c]
+                    last = last_arrival[c]
+                    if (cn.measured_start < g_end < cn.measured_end and node.measured_start < last <= g_end
+                            and g_end - last <= post[c] + WAIT_TOL_US and (best is None or g_end > best[0])):
+                        best = (g_end, c)
                 if best is None:
                     continue
                 e, m = best
                 node.kind = WAIT
                 node.phase = "wait" if node.phase == "host" else node.phase
                 node.deps.append(m)
-                node.dur = node.measured_end - e
+                node.dur = node.measured_end - e  # collectives: set again from their completion
 
 
 def build_model(traces: Mapping[int, Trace], incomplete: Iterable[int] = (),
@@ -533,6 +549,7 @@ def build_model(traces: Mapping[int, Trace], incomplete: Iterable[int] = (),
             continue
         window = (steps[0].start_us, steps[-1].end_us)
         per_rank[r] = (steps, main, collective_calls(t, steps, window))
+    builders: list[_RankBuilder] = []
     offsets = clock_offsets({r: end_times(c) for r, (_, _, c) in per_rank.items()})
     if hosts and per_rank:
         ref = hosts.get(min(per_rank))
@@ -541,7 +558,9 @@ def build_model(traces: Mapping[int, Trace], incomplete: Iterable[int] = (),
                 offsets[r] = 0.0  # one clock: aligning would hide a rank's late arrival
     for r, (steps, main, calls) in per_rank.items():
         off = offsets.get(r, 0.0)
-        _RankBuilder(model, r, traces[r], steps, main, calls, off).build()
+        b = _RankBuilder(model, r, traces[r], steps, main, calls, off)
+        b.build()
+        builders.append(b)
         model.origin[r] = steps[0].start_us - off
         model.measured_steps[r] = {sp.step: (steps[i + 1].start_us if i + 1 < len(steps) else sp.end_us)
                                    - sp.start_us for i, sp in enumerate(steps)}
@@ -562,10 +581,33 @@ def build_model(traces: Mapping[int, Trace], incomplete: Iterable[int] = (),
         else:
             for i in ids:  # seen on one rank, or the ranks disagree: a local op of its measured length
                 model.nodes[i].key = None
-    for k, ids in model.groups.items():
-        transfer = min(model.nodes[i].dur for i in ids)
-        for i in ids:
-            model.nodes[i].transfer = model.nodes[i].dur = transfer
+    nodes = model.nodes
+    # per collective node: the last member's arrival, and the quickest member's end after it
+    last_arrival: dict[int, float] = {}
+    post: dict[int, float] = {}
+    for i, n in enumerate(nodes):
+        if n.kind == COLL:
+            ids = model.groups.get(n.key, [i]) if n.key is not None else [i]
+            last_arrival[i] = max(nodes[m].measured_start for m in ids)
+            post[i] = max(min(nodes[m].measured_end for m in ids) - last_arrival[i], 0.0)
+    for b in builders:
+        b.waits(last_arrival, post)
+    # a collective is complete at the first sign of it on any member: an annotation's end
+    # or a thread it released; from the last arrival to then is its transfer time
+    woken: dict[int, float] = {}
+    for n in nodes:
+        if n.kind == WAIT and nodes[n.deps[0]].kind == COLL:
+            d = n.deps[0]
+            woken[d] = min(woken.get(d, math.inf), n.measured_end)
+    for i, n in enumerate(nodes):
+        if n.kind == COLL:
+            ids = model.groups.get(n.key, [i]) if n.key is not None else [i]
+            done = min([nodes[m].measured_end for m in ids] + [woken.get(m, math.inf) for m in ids])
+            n.done = max(done, last_arrival[i])
+            n.transfer = n.dur = n.done - last_arrival[i]
+    for n in nodes:
+        if n.kind == WAIT and nodes[n.deps[0]].kind == COLL:
+            n.dur = max(n.measured_end - (nodes[n.deps[0]].done or 0.0), 0.0)
     # a measured delay before each non-host operation: what its dependencies do not explain
     for (r, stream), ids in model.streams.items():
         if stream == "host":
@@ -573,11 +615,15 @@ def build_model(traces: Mapping[int, Trace], incomplete: Iterable[int] = (),
         prev_end = model.origin[r]
         for i in ids:
             n = model.nodes[i]
-            ready = max([prev_end] + [model.nodes[d].measured_end for d in n.deps])
+            ready = max([prev_end] + [_measured_done(model.nodes[d]) for d in n.deps])
             if n.kind in (COLL, KERNEL):
                 n.delay = max(n.measured_start - ready, 0.0)
-            prev_end = n.measured_end
+            prev_end = _measured_done(n)
     return model
+
+
+def _measured_done(n: Node) -> float:
+    return n.done if n.done is not None else n.measured_end
 
 
 # ------------------------------------------------------------------------------ replay

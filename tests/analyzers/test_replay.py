@@ -103,20 +103,35 @@ def test_input_wait_cut_to_the_fastest_fetch(tmp_path: Path) -> None:
 
 
 def test_refused_when_the_replay_misses_the_measured_step(tmp_path: Path) -> None:
-    # rank 1's all-reduce lasts 1000 us from its arrival but rank 0's ends 500 us after
-    # rank 0's own arrival: they cannot both be one collective ending for everyone at
-    # once. Replayed: transfer 500 from 2510 -> 3010, both ranks done at 3130; measured
-    # rank 1: 3510 + 20 + 100 = 3630 -> 13.8% off
-    m = _model(tmp_path, gloo_replay_rank(0, 2210, 2710), gloo_replay_rank(300, 2510, 3510))
+    # rank 0's all-reduce ends at 2410, before rank 1 arrives at 3510 (it slept 1300 us):
+    # on one clock that cannot be one collective. Replayed, rank 0 waits for rank 1:
+    # awake at 3510 (its 20 us wake-up cannot come before the collective completes), step
+    # 3610 against 2530 measured; rank 1 (transfer 0, awake 220 us later) as measured, 3830
+    m = _model(tmp_path, gloo_replay_rank(0, 2210, 2410), gloo_replay_rank(1300, 3510, 3710))
     r = replay(m)
-    assert r.measured_step_us == pytest.approx(3630.0)
-    assert r.replayed_step_us == pytest.approx(3130.0)
-    assert r.error == pytest.approx(500 / 3630)
-    assert r.rank_errors() == {0: pytest.approx((2830.0, 3130.0, 300 / 2830)),
-                               1: pytest.approx((3630.0, 3130.0, 500 / 3630))}
+    assert r.rank_errors() == {0: pytest.approx((2530.0, 3610.0, 1080 / 2530)),
+                               1: pytest.approx((3830.0, 3830.0, 0.0))}
+    assert r.error == pytest.approx(1080 / 2530)
     why = r.refusal()
-    assert why is not None and "rank 1: 3.13 ms replayed, 3.63 ms measured, 13.8% off" in why
+    assert why is not None and "rank 0: 3.61 ms replayed, 2.53 ms measured, 42.7% off" in why
     assert what_if(m, [RemoveHostGaps()]).refused == why
+
+
+def test_a_wait_that_the_workers_annotation_outlasts(tmp_path: Path) -> None:
+    # rank 0's loop is released at 2730 (the collective completed at 2710, when rank 1's
+    # ended), but rank 0's worker closes its annotation only at 3700 (descheduled): the gap
+    # before 2730 is still a wait for the collective, not host work
+    m = _model(tmp_path, gloo_replay_rank(0, 2210, 3700, wake_us=2730),
+               gloo_replay_rank(300, 2510, 2710))
+    (wait0,) = [n for n in m.nodes if n.rank == 0 and n.kind == "wait"]
+    assert (wait0.measured_start, wait0.measured_end, wait0.dur) == (2210.0, 2730.0, 20.0)
+    (k,) = m.groups
+    assert [m.nodes[i].transfer for i in m.groups[k]] == [200.0, 200.0]
+    r = replay(m)
+    assert r.error == pytest.approx(0.0, abs=1e-9)
+    # rank 1's sleep removed: both arrive at 2210, released at 2410 + 20, step 2530
+    assert replay(m, [RemoveHostGaps(ranks=(1,))]).replayed_steps == {0: {1: pytest.approx(2530.0)},
+                                                                      1: {1: pytest.approx(2530.0)}}
 
 
 def test_ranks_of_unknown_hosts_are_aligned_on_their_collectives(tmp_path: Path) -> None:
