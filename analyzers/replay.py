@@ -486,8 +486,7 @@ class _RankBuilder:
         thread's work ends become waits for it. A gap also waits for a collective when the
         collective's last member arrives during it and it ends while the collective's
         annotation is still open on this rank, no later than the quickest member's end
-        after that arrival
-        (``post``) allows: gloo's worker can close its annotation milliseconds after it
+        after that arrival (``post``) allows, and lasts at least ``WAIT_TOL_US``: gloo's worker can close its annotation milliseconds after it
         released the waiting thread (it was descheduled on a busy CPU)."""
         nodes = self.m.nodes
         coll_ids = [n for n, _ in self.coll_nodes]
@@ -515,7 +514,9 @@ class _RankBuilder:
                                 best is None or e > best[0]):
                             best = (e, m)
                 g_end = node.measured_end
-                for c in coll_ids:
+                # (a blocked thread: a gap of microseconds between operators that happens to
+                # span an arrival is not one, and would end the collective early)
+                for c in coll_ids if node.measured_end - node.measured_start >= WAIT_TOL_US else ():
                     cn = nodes[c]
                     last = last_arrival[c]
                     if (cn.measured_start < g_end < cn.measured_end and node.measured_start < last <= g_end
