@@ -833,18 +833,29 @@ def what_if(model: Model, edits: Sequence[Edit], bound: float = MAX_ERROR) -> Wh
 
 # ------------------------------------------------------------------------------ runs
 def load_run(path: str) -> Model:
-    """The model of a run directory or a folder of traces (or one trace file)."""
+    """The model of a run directory or a folder of traces (or one trace file). Raises
+    ``UserError`` (one line) for a path that holds no readable trace."""
     from pathlib import Path
 
+    from pardiag.analysis import Notice
     from pardiag.analyzers.pipeline import find_inputs
-    from pardiag.analyzers.trace import load_trace, trace_head
+    from pardiag.analyzers.trace import TraceError, load_trace, trace_head
+    from pardiag.errors import UserError
 
-    notices: list[object] = []
-    _run, inputs = find_inputs(Path(path), notices)  # type: ignore[arg-type]
-    traces = {i.rank: load_trace(i.trace) for i in inputs if i.trace is not None}
-    hosts = {i.rank: _host_of(trace_head(i.trace)) for i in inputs if i.trace is not None}
-    return build_model(traces, incomplete=[i.rank for i in inputs if not i.trace_complete],
-                       hosts=hosts if all(hosts.values()) else None)
+    notices: list[Notice] = []
+    _run, inputs = find_inputs(Path(path), notices)
+    found = [i for i in inputs if i.trace is not None]
+    if not found:
+        raise UserError(f"{path}: no trace to replay")
+    try:
+        traces = {i.rank: load_trace(i.trace) for i in found if i.trace is not None}
+    except TraceError as exc:
+        raise UserError(str(exc)) from None
+    hosts = {i.rank: _host_of(trace_head(i.trace)) for i in found if i.trace is not None}
+    model = build_model(traces, incomplete=[i.rank for i in found if not i.trace_complete],
+                        hosts=hosts if all(hosts.values()) else None)
+    model.notices[:0] = [n.message for n in notices]
+    return model
 
 
 def _host_of(head: Mapping[str, object]) -> str | None:

@@ -183,3 +183,14 @@ def test_real_gpu_traces_replay(tmp_path: Path) -> None:
         assert m.groups == {}
         r = replay(m)
         assert r.error < 1e-6 and r.refusal() is None
+
+
+def test_load_run_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
+    from pardiag.analyzers.replay import load_run
+    from pardiag.errors import UserError
+
+    (tmp_path / "rank0.json").write_text('{"traceEvents": [')
+    with pytest.raises(UserError, match="truncated"):
+        load_run(str(tmp_path / "rank0.json"))
+    with pytest.raises(UserError, match="no such file"):
+        load_run(str(tmp_path / "nothing"))
