@@ -194,3 +194,37 @@ def test_load_run_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
         load_run(str(tmp_path / "rank0.json"))
     with pytest.raises(UserError, match="no such file"):
         load_run(str(tmp_path / "nothing"))
+
+
+def _nccl_rank(shift: float) -> list[dict[str, object]]:
+    """A GPU rank's 640 us step: `shift` us of host gap, then (times + `shift`) a matmul
+    launched at 50 (kernel 60-260), an all-reduce kernel launched at 120 on the comm
+    stream from 130; a stream sync from 140 + `shift` released at 540, 10 us after the
+    all-reduce ends at 530; a 100 us operator."""
+    nccl = {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "pid": 0, "tid": 20,
+            "ts": 130 + shift, "dur": 400 - shift,
+            "args": {"device": 0, "stream": 20, "correlation": 2, "Collective name": "allreduce",
+                     "In msg nelems": 1000, "Out msg nelems": 1000, "dtype": "Float", "Group size": 2,
+                     "Process Group Name": "0"}}
+    return [*meta_events(), step(1, 0, 640), cpu_op("aten::mm", shift, 100), launch(1, 50 + shift),
+            launched_kernel("volta_sgemm_128x64_nn", 60 + shift, 200, corr=1),
+            cpu_op("c10d::allreduce_", 100 + shift, 40), launch(2, 120 + shift), nccl,
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "pid": 1, "tid": 1,
+             "ts": 140 + shift, "dur": 400 - shift, "args": {"cbid": 131, "correlation": 3}},
+            cpu_op("aten::add_", 540, 100)]
+
+
+def test_nccl_kernels_are_one_sync_point_across_ranks(tmp_path: Path) -> None:
+    # rank 1 starts 200 us late: its all-reduce kernel starts at 330, rank 0's at 130 waits
+    # for it; both end at 530 (transfer 200), both syncs release at 540, step 640
+    traces = {r: load_trace(write_kineto_trace(tmp_path / f"g{r}.json", _nccl_rank(200.0 * r), rank=r))
+              for r in (0, 1)}
+    m = build_model(traces, hosts={0: "node", 1: "node"})
+    (k,) = m.groups
+    assert [m.nodes[i].transfer for i in m.groups[k]] == [200.0, 200.0]
+    assert all(m.nodes[i].deps for i in m.groups[k])  # after their launches
+    r = replay(m)
+    assert r.replayed_steps == {0: {1: pytest.approx(640.0)}, 1: {1: pytest.approx(640.0)}}
+    # rank 1 on time: both all-reduces from 130 to 330, released at 340, step 440 on both
+    fixed = replay(m, [RemoveHostGaps(ranks=(1,))])
+    assert fixed.replayed_steps == {0: {1: pytest.approx(440.0)}, 1: {1: pytest.approx(440.0)}}
