@@ -235,6 +235,8 @@ class ReplayResult:
 
 @dataclass(frozen=True)
 class WhatIf:
+    """The projected step with some edits applied, in one replay."""
+
     edits: tuple[Edit, ...]
     step_us: float
     saving: float  # fraction of the baseline replayed step
@@ -242,6 +244,10 @@ class WhatIf:
 
 @dataclass(frozen=True)
 class WhatIfResult:
+    """Each edit alone and all of them together, against the replay of the measured
+    durations. ``refused`` says why the projections must not be given as estimates
+    (the replay misses the measured step by more than the bound); None when they can."""
+
     baseline_step_us: float
     measured_step_us: float
     error: float
