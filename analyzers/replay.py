@@ -61,8 +61,8 @@ TARGET_MEDIAN_ERROR = 0.03
 
 Key = tuple[str, "int | None", int]
 
-# node kinds
-WORK, GAP, WAIT, COLL, KERNEL = "work", "gap", "wait", "collective", "kernel"
+# node kinds (SYNC: a device sync call that did not wait)
+WORK, GAP, WAIT, SYNC, COLL, KERNEL = "work", "gap", "wait", "sync", "collective", "kernel"
 COMPUTE_PHASES = frozenset({"forward", "backward", "optimizer", "other"})
 
 
@@ -444,7 +444,7 @@ class _RankBuilder:
                          else "backward" if _inside(*layers[2], mid)
                          else "forward" if j < 0 or mid < last_bwd[j] else "other")
             if stream == "host" and _inside(self.sync_ivs, sync_starts, mid):
-                kind = "sync"
+                kind = SYNC
             n = self.add(kind, stream, phase, a, b, step=step)
             if step is not None and step not in first_of_step:
                 first_of_step[step] = n
@@ -509,10 +509,10 @@ class _RankBuilder:
             pools = [colls] + [v for st, v in by_stream.items() if st != stream_key[1]]
             for n in ids:
                 node = nodes[n]
-                if node.kind not in (GAP, "sync"):
+                if node.kind not in (GAP, SYNC):
                     continue
                 best: tuple[float, int] | None = None
-                for pool in (pools + [kern]) if node.kind == "sync" else pools:
+                for pool in (pools + [kern]) if node.kind == SYNC else pools:
                     j = bisect.bisect_right(pool, (node.measured_end, math.inf)) - 1
                     if j >= 0:
                         e, m = pool[j]
