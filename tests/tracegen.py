@@ -120,3 +120,28 @@ def launched_kernel(name: str, ts: float, dur: float, corr: int, stream: int = 7
     return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur,
             "args": {"External id": 1, "device": 0, "stream": stream, "correlation": corr,
                      "grid": [1, 1, 1], "block": [128, 1, 1]}}
+
+
+# -- two gloo ranks for the replay: worked-out timings -------------------------------------
+
+
+def gloo_replay_rank(sleep_us: float = 0.0, arrive_us: float = 2210.0, coll_end_us: float = 2710.0,
+                     dataloader_us: tuple[float, ...] = (), wake_us: float | None = None) -> list[dict[str, Any]]:
+    """One rank's step on thread 1 (gloo's worker is thread 9), starting at 0:
+    [DataLoader fetches, each followed by a 10 us aten::stack], `sleep_us` of host gap, forward 1000 us, backward 1200 us,
+    c10d::allreduce_ 10 us, the worker's `gloo:all_reduce` from `arrive_us` to
+    `coll_end_us`, the loop waking 20 us after it (or at `wake_us`), the optimizer 100 us."""
+    t = 0.0
+    ev: list[dict[str, Any]] = []
+    for d in dataloader_us:
+        ev += [x(DL, t, d, cat="user_annotation"), x("aten::stack", t + d, 10.0)]
+        t += d + 10
+    t += sleep_us
+    ev += [x("aten::linear", t, 1000.0), x("autograd::engine::evaluate_function: AddmmBackward0", t + 1000, 1200.0)]
+    t += 2200
+    ev.append(x("c10d::allreduce_", t, 10.0, **{"External id": 1}))
+    ev.append(x("gloo:all_reduce", arrive_us, coll_end_us - arrive_us, tid=9, cat="user_annotation",
+                **{"Input Dims": [[1000]], "Input type": ["float"]}))
+    wake = coll_end_us + 20 if wake_us is None else wake_us
+    ev += [x("Optimizer.step#SGD.step", wake, 100.0, cat="user_annotation"), x("aten::add_", wake, 100.0)]
+    return [x("ProfilerStep#1", 0.0, wake + 100, cat="user_annotation"), *ev]

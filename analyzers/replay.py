@@ -1,0 +1,869 @@
+"""A replay of the profiled window across ranks: a small dependency model of what each
+rank did, re-timed from its measured durations, so that edits to those durations
+(what-ifs) give a projected step time instead of a share times a constant.
+
+The model, per rank:
+
+* host streams: the thread of the training loop (and the autograd engine's threads
+  where backward runs on its own, as on GPUs) cut into segments that tile the window: work (the operators, by phase),
+  host gaps (no torch operator runs: Python, I/O, sleeping) and waits. A wait is a gap
+  or a device sync call that contains the end of something it depends on (a collective,
+  a kernel, another thread's work) and ends within ``WAIT_TOL_US`` of it: in the replay
+  it starts when that dependency ends and lasts only what came after it (the wake-up);
+* collective streams: gloo runs each collective on one of its own threads; NCCL runs it
+  as a kernel on a device stream. A collective is issued by the host (``c10d::*`` call,
+  or the kernel launch), starts when its stream is free, and is a synchronisation point
+  across ranks matched as ``collectives.match`` matches them (process group, step,
+  order): it ends for every member when the last one has arrived plus its transfer
+  time. The transfer time runs from the last arrival to the first sign of completion
+  on any member: an annotation's end (for the last to arrive, its whole duration, as
+  ``collectives.match`` takes it) or a thread it released. On gloo a worker thread
+  descheduled on a busy CPU closes its annotation milliseconds after the collective
+  released the waiting loop, so the shortest duration would end it late;
+* device streams (GPU traces): kernels in program order per stream, each after its
+  launch (correlation ids).
+
+What the trace cannot explain (a worker thread picking a collective up late, a kernel
+starting after its launch) is kept as a measured delay before the operation, so the
+replay with the measured durations reproduces the measured step only when the
+dependencies are right: its error is the test of the model. Estimates are refused
+when it exceeds ``MAX_ERROR``.
+
+The replayed step of a rank runs from the replayed start of its ``ProfilerStep`` to the
+next one's (the last: its end); the measured one likewise, so both tile the window.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import re
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from pardiag.analyzers.collectives import _key, clock_offsets, end_times
+from pardiag.analyzers.kernels import KernelKind, event_kinds
+from pardiag.analyzers.rank_trace import (
+    BACKWARD, BACKEND_PREFIXES, DATALOADER, OPTIMIZER, SYNC_CALLS, CollectiveCall, StepSpan,
+    collective_calls, profiled_steps)
+from pardiag.analyzers.trace import Trace
+
+WAIT_TOL_US = 250.0
+"""A gap or sync call that ends this soon after something ends is a wait for it (the
+thread's wake-up after a collective or a device sync takes tens of microseconds)."""
+MAX_ERROR = 0.08
+"""Replay error above which replay-based estimates are refused (the issue's bound per run)."""
+TARGET_MEDIAN_ERROR = 0.03
+
+Key = tuple[str, "int | None", int]
+
+# node kinds (SYNC: a device sync call that did not wait)
+WORK, GAP, WAIT, SYNC, COLL, KERNEL = "work", "gap", "wait", "sync", "collective", "kernel"
+COMPUTE_PHASES = frozenset({"forward", "backward", "optimizer", "other"})
+
+
+@dataclass
+class Node:
+    """One operation of the model: it starts when the previous one on its stream has
+    ended, its dependencies have ended and ``delay`` has passed, and lasts ``dur``
+    (a collective: until the last member arrives, then ``dur``)."""
+
+    rank: int
+    stream: str
+    kind: str
+    phase: str
+    dur: float
+    measured_start: float
+    measured_end: float
+    deps: list[int] = field(default_factory=list)
+    delay: float = 0.0
+    key: Key | None = None  # collectives: the match key
+    group_size: int | None = None  # collectives: the process group's size, when the trace says
+    transfer: float | None = None  # collectives: from the last member's arrival to its completion
+    done: float | None = None  # collectives: when it completed (measured)
+    name: str = ""
+    step: int | None = None
+
+
+@dataclass
+class Model:
+    """Nodes, their streams (ids in program order) and the matched collectives."""
+
+    nodes: list[Node]
+    streams: dict[tuple[int, str], list[int]]
+    groups: dict[Key, list[int]]  # collective key -> member node ids (one per rank)
+    steps: dict[int, list[tuple[int, int]]]  # rank -> (step number, first host node id)
+    window_end: dict[int, int]  # rank -> last host node id
+    origin: dict[int, float]  # rank -> measured window start (aligned clock)
+    measured_steps: dict[int, dict[int, float]]  # rank -> step -> measured length (us)
+    notices: list[str] = field(default_factory=list)
+
+    def main_stream(self, rank: int) -> list[int]:
+        return self.streams[(rank, "host")]
+
+
+# ------------------------------------------------------------------------------ edits
+@dataclass(frozen=True)
+class Straggler:
+    """A rank's operations set to its peers' median: each phase's time (forward,
+    backward, optimizer, DataLoader, host gaps, ...) scaled to the peers' median
+    total of that phase."""
+
+    rank: int
+
+
+@dataclass(frozen=True)
+class RemoveHostGaps:
+    """Host gaps (time on the loop's thread outside any torch operator) removed."""
+
+    ranks: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class CollectivesAtTransfer:
+    """Every collective lasts its transfer time from its own rank's arrival: nobody
+    waits for a late peer."""
+
+
+@dataclass(frozen=True)
+class ScaleCompute:
+    """Compute (operators of forward, backward and the optimizer; compute kernels on a
+    GPU) scaled by ``factor`` (0.5: twice as fast, e.g. a lower precision)."""
+
+    factor: float
+    ranks: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class RemoveInputWait:
+    """The DataLoader's time cut to its fastest fetch on the rank (a batch that was
+    ready: what more loader workers give)."""
+
+    ranks: tuple[int, ...] | None = None
+
+
+Edit = Straggler | RemoveHostGaps | CollectivesAtTransfer | ScaleCompute | RemoveInputWait
+
+
+# ------------------------------------------------------------------------------ results
+@dataclass(frozen=True)
+class CriticalPath:
+    """What the end of one step waited on: time on the path by rank, by phase and by
+    collective, and the largest of each."""
+
+    step: int
+    rank: int  # the rank whose step ended last
+    by_rank_us: dict[int, float]
+    by_phase_us: dict[str, float]
+    by_collective_us: dict[str, float]
+
+    @property
+    def top_rank(self) -> int:
+        return max(self.by_rank_us, key=lambda r: self.by_rank_us[r]) if self.by_rank_us else self.rank
+
+    @property
+    def top_phase(self) -> str | None:
+        return max(self.by_phase_us, key=lambda p: self.by_phase_us[p]) if self.by_phase_us else None
+
+    @property
+    def top_collective(self) -> str | None:
+        return (max(self.by_collective_us, key=lambda c: self.by_collective_us[c])
+                if self.by_collective_us else None)
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    replayed_steps: dict[int, dict[int, float]]  # rank -> step -> us
+    measured_steps: dict[int, dict[int, float]]
+    critical_paths: dict[int, CriticalPath]  # step -> path
+
+    @property
+    def measured_step_us(self) -> float:
+        return _mean_step(self.measured_steps)
+
+    @property
+    def replayed_step_us(self) -> float:
+        return _mean_step(self.replayed_steps)
+
+    def rank_errors(self) -> dict[int, tuple[float, float, float]]:
+        """Per rank: (mean measured step, mean replayed step, relative error)."""
+        out = {}
+        for r, meas in self.measured_steps.items():
+            rep = self.replayed_steps.get(r, {})
+            m = sum(meas.values()) / len(meas) if meas else 0.0
+            p = sum(rep.values()) / len(rep) if rep else 0.0
+            out[r] = (m, p, abs(p - m) / m if m > 0 and rep else math.inf)
+        return out
+
+    @property
+    def error(self) -> float:
+        """The largest relative error of a rank's mean replayed step against its
+        measured one (every rank must come out right, not only the slowest)."""
+        return max((e for _, _, e in self.rank_errors().values()), default=math.inf)
+
+    @property
+    def step_errors(self) -> dict[int, dict[int, float]]:
+        return {r: {s: (abs(v - self.measured_steps[r][s]) / self.measured_steps[r][s]
+                        if self.measured_steps[r].get(s) else math.inf)
+                    for s, v in steps.items()}
+                for r, steps in self.replayed_steps.items()}
+
+    def refusal(self, bound: float = MAX_ERROR) -> str | None:
+        """Why replay-based estimates cannot be given, or None when they can."""
+        if not self.measured_steps or not any(self.measured_steps.values()):
+            return "no profiled step to replay"
+        if self.error > bound:
+            errs = self.rank_errors()
+            r = max(errs, key=lambda k: errs[k][2])
+            m, p, e = errs[r]
+            return (f"the replay does not reproduce the measured step (rank {r}: {p / 1e3:.2f} ms "
+                    f"replayed, {m / 1e3:.2f} ms measured, {e:.1%} off, more than {bound:.0%})")
+        return None
+
+    def median_path(self) -> CriticalPath | None:
+        """The critical path of the step whose replayed length is the median."""
+        if not self.critical_paths:
+            return None
+        lengths = {s: max(st.get(s, 0.0) for st in self.replayed_steps.values()) for s in self.critical_paths}
+        order = sorted(lengths, key=lambda s: (lengths[s], s))
+        return self.critical_paths[order[(len(order) - 1) // 2]]
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """The projected step with some edits applied, in one replay."""
+
+    edits: tuple[Edit, ...]
+    step_us: float
+    saving: float  # fraction of the baseline replayed step
+
+
+@dataclass(frozen=True)
+class WhatIfResult:
+    """Each edit alone and all of them together, against the replay of the measured
+    durations. ``refused`` says why the projections must not be given as estimates
+    (the replay misses the measured step by more than the bound); None when they can."""
+
+    baseline_step_us: float
+    measured_step_us: float
+    error: float
+    refused: str | None
+    each: tuple[WhatIf, ...]
+    combined: WhatIf
+
+
+def _mean_step(steps: Mapping[int, Mapping[int, float]]) -> float:
+    """The job's step: the slowest rank's mean step (the job moves at its pace)."""
+    per_rank = [sum(s.values()) / len(s) for s in steps.values() if s]
+    return max(per_rank) if per_rank else 0.0
+
+
+# ------------------------------------------------------------------------------ building
+def _ids(names: Sequence[str], pattern: re.Pattern[str]) -> list[int]:
+    return [i for i, n in enumerate(names) if pattern.match(n)]
+
+
+def _union(starts: Iterable[float], ends: Iterable[float]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for s, e in sorted(zip(starts, ends)):
+        if out and s <= out[-1][1]:
+            if e > out[-1][1]:
+                out[-1] = (out[-1][0], e)
+        else:
+            out.append((s, e))
+    return out
+
+
+def _inside(ivs: list[tuple[float, float]], starts: list[float], t: float) -> bool:
+    i = bisect.bisect_right(starts, t) - 1
+    return i >= 0 and ivs[i][0] <= t < ivs[i][1]
+
+
+class _RankBuilder:
+    """Builds one rank's streams into the shared model."""
+
+    def __init__(self, model: Model, rank: int, trace: Trace, steps: tuple[StepSpan, ...],
+                 main_tid: int, calls: list[CollectiveCall], offset: float) -> None:
+        self.m, self.rank, self.t, self.steps, self.main = model, rank, trace, steps, main_tid
+        self.calls, self.off = calls, offset
+        self.window = (steps[0].start_us, steps[-1].end_us)
+
+    def add(self, kind: str, stream: str, phase: str, s: float, e: float, **kw: object) -> int:
+        nid = len(self.m.nodes)
+        self.m.nodes.append(Node(self.rank, stream, kind, phase, max(e - s, 0.0), s - self.off, e - self.off,
+                                 **kw))  # type: ignore[arg-type]
+        self.m.streams.setdefault((self.rank, stream), []).append(nid)
+        return nid
+
+    def build(self) -> None:
+        t, lo, hi = self.t, *self.window
+        cpu = t.cpu
+        in_win = (cpu.ts_us < hi) & (cpu.ts_us + cpu.dur_us > lo) & (cpu.dur_us >= 0)
+        names = t.names
+        bwd_ids = _ids(names, BACKWARD)
+        is_bwd = np.isin(cpu.name_id, bwd_ids)
+        gpu_run = len(t.gpu) > 0
+        # the loop's thread, and the autograd engine's threads when backward runs elsewhere (GPU)
+        host_tids = [self.main] + sorted(set(np.unique(cpu.tid[is_bwd & in_win]).tolist()) - {self.main})
+        self.host_ends: list[tuple[float, int, str]] = []  # (end, node, stream) of every host stream's work
+        # collectives first: host segments are cut where they are issued
+        coll_nodes = self._collectives(host_tids)
+        kernel_nodes = self._kernels() if gpu_run else {}
+        for i, tid in enumerate(host_tids):
+            self._host(tid, "host" if i == 0 else f"host thread {tid}", in_win,
+                       coll_nodes, kernel_nodes)
+        self._wire_issue(coll_nodes, kernel_nodes)
+        self.coll_nodes, self.kernel_nodes = coll_nodes, kernel_nodes
+
+    # -- collectives ---------------------------------------------------------------------
+    def _collectives(self, host_tids: list[int]) -> list[tuple[int, float | None]]:
+        """One node per collective call on its worker thread (gloo); returns (node,
+        issue time on the host or None). Calls timed on the device become nodes of
+        their kernels' streams (``_kernels``)."""
+        t = self.t
+        evs = [e for e in t.collectives if e.name.startswith(BACKEND_PREFIXES) and not e.on_gpu]
+        tid_at = {round(e.ts_us, 3): e.tid for e in evs}
+        issues = sorted(e.ts_us for e in t.collectives
+                        if e.name.startswith("c10d::") and not e.on_gpu and e.tid in host_tids)
+        taken = 0
+        out: list[tuple[int, float | None]] = []
+        self.device_calls: dict[float, tuple[CollectiveCall, Key]] = {}
+        for c, k in sorted(zip(self.calls, _key(self.calls)), key=lambda ck: ck[0].start_us):
+            if c.timing == "device":
+                self.device_calls[round(c.start_us, 3)] = (c, k)
+                continue
+            issue = None
+            if taken < len(issues) and issues[taken] <= c.start_us:
+                issue = issues[taken]
+                taken += 1
+            nid = self.add(COLL, f"thread {tid_at.get(round(c.start_us, 3), 'comm')}", "comm", c.start_us,
+                           c.start_us + c.dur_us, key=k, name=f"{c.op} {c.process_group}", step=c.step,
+                           group_size=c.group_size)
+            out.append((nid, issue))
+        return out
+
+    # -- device streams ------------------------------------------------------------------
+    def _kernels(self) -> dict[int, int]:
+        """Kernels in the window as nodes on their streams (a collective timed on the
+        device: one node for its call, at its first kernel); correlation -> node."""
+        g, t = self.t.gpu, self.t
+        lo, hi = self.window
+        kinds = event_kinds(g.name_id, g.cat_id, t.names, t.cats)
+        sel = np.flatnonzero((g.ts_us < hi) & (g.ts_us + g.dur_us > lo) & (g.dur_us >= 0))
+        sel = sel[np.argsort(g.ts_us[sel], kind="stable")]
+        by_corr: dict[int, int] = {}
+        pending = dict(self.device_calls)
+        for i in sel.tolist():
+            s = float(g.ts_us[i])
+            stream = f"stream {int(g.stream[i])}"
+            call = pending.pop(round(max(s, lo), 3), None) if kinds[i] == KernelKind.COMMUNICATION else None
+            if call is not None:
+                c, k = call
+                nid = self.add(COLL, stream, "comm", c.start_us, c.start_us + c.dur_us, key=k,
+                               name=f"{c.op} {c.process_group}", step=c.step, group_size=c.group_size)
+            else:
+                kind = kinds[i]
+                phase = "comm" if kind == KernelKind.COMMUNICATION else (
+                    "compute" if kind == KernelKind.COMPUTATION else "memory")
+                nid = self.add(KERNEL, stream, phase, s, s + float(g.dur_us[i]), name=t.names[g.name_id[i]])
+            if g.correlation[i] >= 0:
+                by_corr[int(g.correlation[i])] = nid
+        for c, k in pending.values():  # no kernel found at its start: a local op of its measured length
+            self.add(COLL, "stream comm", "comm", c.start_us, c.start_us + c.dur_us, name=f"{c.op} {c.process_group}",
+                     step=c.step)
+        return by_corr
+
+    # -- host streams --------------------------------------------------------------------
+    def _host(self, tid: int, stream: str, mask: np.ndarray, coll_nodes: list[tuple[int, float | None]],
+              kernel_nodes: dict[int, int]) -> None:
+        t, lo, hi = self.t, *self.window
+        cpu, names = t.cpu, t.names
+        on = mask & (cpu.tid == tid)
+        idx = np.flatnonzero(on)
+        s = np.maximum(cpu.ts_us[idx], lo)
+        e = np.minimum(cpu.ts_us[idx] + cpu.dur_us[idx], hi)
+        nid = cpu.name_id[idx]
+        step_ids = _ids(names, re.compile(r"^ProfilerStep#"))
+        not_step = ~np.isin(nid, step_ids)
+        busy = _union(s[not_step].tolist(), e[not_step].tolist())
+        layers = []
+        for pat in (DATALOADER, OPTIMIZER, BACKWARD):
+            m = np.isin(nid, _ids(names, pat))
+            ivs = _union(s[m].tolist(), e[m].tolist())
+            layers.append((ivs, [a for a, _ in ivs]))
+        L = t.launches
+        lmask = (L.tid == tid) & (L.ts_us >= lo) & (L.ts_us < hi)
+        sync_ids = _ids(names, SYNC_CALLS)
+        is_sync = np.isin(L.name_id, sync_ids) & lmask
+        syncs = list(zip(L.ts_us[is_sync].tolist(), (L.ts_us[is_sync] + L.dur_us[is_sync]).tolist()))
+        self.sync_ivs = _union([a for a, _ in syncs], [b for _, b in syncs]) if stream == "host" else []
+        cuts = {lo, hi}
+        for a, b in busy:
+            cuts.update((a, b))
+        for ivs, _ in layers:
+            for a, b in ivs:
+                cuts.update((a, b))
+        for a, b in syncs:
+            cuts.update((a, b))
+        steps = self.steps if stream == "host" else ()
+        cuts.update(sp.start_us for sp in steps)
+        last_bwd: list[float] = []
+        for i, sp in enumerate(steps):
+            end = steps[i + 1].start_us if i + 1 < len(steps) else sp.end_us
+            inb = [b for a, b in layers[2][0] if sp.start_us <= a < end]
+            last_bwd.append(max(inb) if inb else sp.start_us)
+            cuts.add(last_bwd[-1])
+        # issue points (collective calls, kernel launches) on this thread
+        for _, issue in coll_nodes:
+            if issue is not None and lo <= issue < hi and self._on_thread(tid, issue):
+                cuts.add(issue)
+        launch_at = L.ts_us[lmask].tolist()
+        for c, ts in zip(L.correlation[lmask].tolist(), launch_at):
+            if c in kernel_nodes:
+                cuts.add(ts)
+        cuts_l = sorted(c for c in cuts if lo <= c <= hi)
+        busy_starts = [a for a, _ in busy]
+        sync_starts = [a for a, _ in self.sync_ivs]
+        step_starts = [sp.start_us for sp in steps]
+        first_of_step: dict[int, int] = {}
+        for a, b in zip(cuts_l, cuts_l[1:]):
+            if b <= a:
+                continue
+            mid = (a + b) / 2
+            j = bisect.bisect_right(step_starts, mid) - 1
+            step = steps[j].step if j >= 0 else None
+            if not _inside(busy, busy_starts, mid):
+                kind, phase = GAP, "host"
+            else:
+                kind = WORK
+                phase = ("dataloader" if _inside(*layers[0], mid) else "optimizer" if _inside(*layers[1], mid)
+                         else "backward" if _inside(*layers[2], mid)
+                         else "forward" if j < 0 or mid < last_bwd[j] else "other")
+            if stream == "host" and _inside(self.sync_ivs, sync_starts, mid):
+                kind = SYNC
+            n = self.add(kind, stream, phase, a, b, step=step)
+            if step is not None and step not in first_of_step:
+                first_of_step[step] = n
+            if kind != GAP:
+                self.host_ends.append((b, n, stream))
+        if stream == "host":
+            self.m.steps[self.rank] = sorted(first_of_step.items())
+            self.m.window_end[self.rank] = self.m.streams[(self.rank, "host")][-1]
+
+    def _on_thread(self, tid: int, ts: float) -> bool:
+        t = self.t
+        m = (t.cpu.tid == tid) & (t.cpu.ts_us == ts)
+        return bool(m.any())
+
+    def _host_node_ending_at(self, ts: float) -> int | None:
+        """The host node that ends at ``ts`` (a cut), on any host stream of the rank."""
+        if not hasattr(self, "_host_ends_by_stream"):
+            self._host_ends_by_stream = [
+                ([self.m.nodes[i].measured_end + self.off for i in ids], ids)
+                for (rank, stream), ids in self.m.streams.items() if rank == self.rank and stream.startswith("host")]
+        for ends, ids in self._host_ends_by_stream:
+            j = bisect.bisect_left(ends, ts - 1e-6)
+            if j < len(ends) and abs(ends[j] - ts) < 1e-6:
+                return ids[j]
+        return None
+
+    def _wire_issue(self, coll_nodes: list[tuple[int, float | None]], kernel_nodes: dict[int, int]) -> None:
+        """Each collective and kernel after the host work that issued it; the rest of
+        its measured start is a delay (its stream was busy, or it was picked up late)."""
+        L = self.t.launches
+        for nid, issue in coll_nodes:
+            if issue is not None:
+                h = self._host_node_ending_at(issue)
+                if h is not None:
+                    self.m.nodes[nid].deps.append(h)
+        for c, ts in zip(L.correlation.tolist(), L.ts_us.tolist()):
+            k = kernel_nodes.get(c)
+            if k is not None:
+                h = self._host_node_ending_at(ts)
+                if h is not None:
+                    self.m.nodes[k].deps.append(h)
+
+    def waits(self, last_arrival: Mapping[int, float], post: Mapping[int, float]) -> None:
+        """Gaps and sync calls that end just after a collective, a kernel or another
+        thread's work ends become waits for it. A gap also waits for a collective when the
+        collective's last member arrives during it and it ends while the collective's
+        annotation is still open on this rank, no later than the quickest member's end
+        after that arrival (``post``) allows, and lasts at least ``WAIT_TOL_US``: gloo's worker can close its annotation milliseconds after it
+        released the waiting thread (it was descheduled on a busy CPU)."""
+        nodes = self.m.nodes
+        coll_ids = [n for n, _ in self.coll_nodes]
+        colls = sorted((nodes[n].measured_end, n) for n in coll_ids)
+        kern = sorted((nodes[k].measured_end, k) for k in self.kernel_nodes.values())
+        by_stream: dict[str, list[tuple[float, int]]] = defaultdict(list)
+        for e, n, st in self.host_ends:
+            by_stream[st].append((e - self.off, n))
+        for v in by_stream.values():
+            v.sort()
+        for stream_key, ids in self.m.streams.items():
+            if stream_key[0] != self.rank or not stream_key[1].startswith("host"):
+                continue
+            pools = [colls] + [v for st, v in by_stream.items() if st != stream_key[1]]
+            for n in ids:
+                node = nodes[n]
+                if node.kind not in (GAP, SYNC):
+                    continue
+                best: tuple[float, int] | None = None
+                for pool in (pools + [kern]) if node.kind == SYNC else pools:
+                    j = bisect.bisect_right(pool, (node.measured_end, math.inf)) - 1
+                    if j >= 0:
+                        e, m = pool[j]
+                        if node.measured_start < e and node.measured_end - e <= WAIT_TOL_US and (
+                                best is None or e > best[0]):
+                            best = (e, m)
+                g_end = node.measured_end
+                # (a blocked thread: a gap of microseconds between operators that happens to
+                # span an arrival is not one, and would end the collective early)
+                for c in coll_ids if node.measured_end - node.measured_start >= WAIT_TOL_US else ():
+                    cn = nodes[c]
+                    last = last_arrival[c]
+                    if (cn.measured_start < g_end < cn.measured_end and node.measured_start < last <= g_end
+                            and g_end - last <= post[c] + WAIT_TOL_US and (best is None or g_end > best[0])):
+                        best = (g_end, c)
+                if best is None:
+                    continue
+                e, m = best
+                node.kind = WAIT
+                node.phase = "wait" if node.phase == "host" else node.phase
+                node.deps.append(m)
+                node.dur = node.measured_end - e  # collectives: set again from their completion
+
+
+def build_model(traces: Mapping[int, Trace], incomplete: Iterable[int] = (),
+                hosts: Mapping[int, str | None] | None = None) -> Model:
+    """The dependency model of the ranks' profiled windows. ``incomplete``: ranks whose
+    window was cut short by the process exiting (their last step is left out).
+    ``hosts``: each rank's host; ranks on the host of the lowest rank share its clock,
+    the others (and all of them when hosts are not known) are aligned on the ends of
+    their matched collectives (``collectives.clock_offsets``)."""
+    model = Model([], {}, {}, {}, {}, {}, {})
+    per_rank: dict[int, tuple[tuple[StepSpan, ...], int, list[CollectiveCall]]] = {}
+    cut = set(incomplete)
+    for r, t in sorted(traces.items()):
+        steps, main = profiled_steps(t)
+        if r in cut and len(steps) > 1:
+            steps = steps[:-1]
+        if not steps or main is None:
+            model.notices.append(f"rank {r}: no ProfilerStep in the trace, left out of the replay")
+            continue
+        window = (steps[0].start_us, steps[-1].end_us)
+        per_rank[r] = (steps, main, collective_calls(t, steps, window))
+    builders: list[_RankBuilder] = []
+    offsets = clock_offsets({r: end_times(c) for r, (_, _, c) in per_rank.items()})
+    if hosts and per_rank:
+        ref = hosts.get(min(per_rank))
+        for r in per_rank:
+            if ref is not None and hosts.get(r) == ref:
+                offsets[r] = 0.0  # one clock: aligning would hide a rank's late arrival
+    for r, (steps, main, calls) in per_rank.items():
+        off = offsets.get(r, 0.0)
+        b = _RankBuilder(model, r, traces[r], steps, main, calls, off)
+        b.build()
+        builders.append(b)
+        model.origin[r] = steps[0].start_us - off
+        model.measured_steps[r] = {sp.step: (steps[i + 1].start_us if i + 1 < len(steps) else sp.end_us)
+                                   - sp.start_us for i, sp in enumerate(steps)}
+    world = max([t.distributed.world_size or 0 for t in traces.values() if t.distributed] + [len(per_rank)])
+    # collectives: matched when every rank analysed has the key with one op and one size
+    members: dict[Key, list[int]] = defaultdict(list)
+    for i, n in enumerate(model.nodes):
+        if n.kind == COLL and n.key is not None:
+            members[n.key].append(i)
+    for k, ids in members.items():
+        ops = {model.nodes[i].name for i in ids}
+        sizes = {g for i in ids if (g := model.nodes[i].group_size) is not None}
+        # only a group whose members are all here can be replayed as one synchronisation
+        # (a trace that names no group size: the job's world size, when the trace says it)
+        whole = (max(sizes) if sizes else world) <= len(ids)
+        if len(ids) == len(per_rank) > 1 and len(ops) == 1 and whole:
+            model.groups[k] = ids
+        else:
+            for i in ids:  # seen on one rank, or the ranks disagree: a local op of its measured length
+                model.nodes[i].key = None
+    nodes = model.nodes
+    # per collective node: the last member's arrival, and the quickest member's end after it
+    last_arrival: dict[int, float] = {}
+    post: dict[int, float] = {}
+    for i, n in enumerate(nodes):
+        if n.kind == COLL:
+            ids = model.groups.get(n.key, [i]) if n.key is not None else [i]
+            last_arrival[i] = max(nodes[m].measured_start for m in ids)
+            post[i] = max(min(nodes[m].measured_end for m in ids) - last_arrival[i], 0.0)
+    for b in builders:
+        b.waits(last_arrival, post)
+    # a collective is complete at the first sign of it on any member: an annotation's end
+    # or a thread it released; from the last arrival to then is its transfer time
+    woken: dict[int, float] = {}
+    for n in nodes:
+        if n.kind == WAIT and nodes[n.deps[0]].kind == COLL:
+            d = n.deps[0]
+            woken[d] = min(woken.get(d, math.inf), n.measured_end)
+    for i, n in enumerate(nodes):
+        if n.kind == COLL:
+            ids = model.groups.get(n.key, [i]) if n.key is not None else [i]
+            done = min([nodes[m].measured_end for m in ids] + [woken.get(m, math.inf) for m in ids])
+            n.done = max(done, last_arrival[i])
+            n.transfer = n.dur = n.done - last_arrival[i]
+    for n in nodes:
+        if n.kind == WAIT and nodes[n.deps[0]].kind == COLL:
+            n.dur = max(n.measured_end - (nodes[n.deps[0]].done or 0.0), 0.0)
+    # a measured delay before each non-host operation: what its dependencies do not explain
+    for (r, stream), ids in model.streams.items():
+        if stream == "host":
+            continue
+        prev_end = model.origin[r]
+        for i in ids:
+            n = model.nodes[i]
+            ready = max([prev_end] + [_measured_done(model.nodes[d]) for d in n.deps])
+            if n.kind in (COLL, KERNEL):
+                n.delay = max(n.measured_start - ready, 0.0)
+            prev_end = _measured_done(n)
+    return model
+
+
+def _measured_done(n: Node) -> float:
+    return n.done if n.done is not None else n.measured_end
+
+
+# ------------------------------------------------------------------------------ replay
+def _apply(model: Model, edits: Sequence[Edit]) -> tuple[list[float], bool]:
+    """Edited durations, and whether collectives skip the cross-rank wait."""
+    nodes = model.nodes
+    dur = [n.dur for n in nodes]
+    no_sync = False
+
+    def ranks_of(rs: tuple[int, ...] | None) -> set[int]:
+        return set(model.origin) if rs is None else set(rs)
+
+    for ed in edits:
+        if isinstance(ed, CollectivesAtTransfer):
+            no_sync = True
+            for i, n in enumerate(nodes):
+                if n.transfer is not None:
+                    dur[i] = n.transfer
+        elif isinstance(ed, RemoveHostGaps):
+            rs = ranks_of(ed.ranks)
+            for i, n in enumerate(nodes):
+                if n.kind == GAP and n.rank in rs:
+                    dur[i] = 0.0
+        elif isinstance(ed, ScaleCompute):
+            rs = ranks_of(ed.ranks)
+            # on a GPU the compute is the kernels; the host's operators only launch them
+            gpu = {n.rank for n in nodes if n.kind == KERNEL}
+            for i, n in enumerate(nodes):
+                if n.rank in rs and ((n.kind == WORK and n.phase in COMPUTE_PHASES and n.rank not in gpu)
+                                     or (n.kind == KERNEL and n.phase == "compute")):
+                    dur[i] *= ed.factor
+        elif isinstance(ed, RemoveInputWait):
+            rs = ranks_of(ed.ranks)
+            for r in rs:
+                dl = [i for i in model.streams.get((r, "host"), []) if nodes[i].phase == "dataloader"]
+                fetches = _fetches(nodes, dl)
+                if not fetches:
+                    continue
+                fastest = min(sum(nodes[i].dur for i in f) for f in fetches)
+                for f in fetches:
+                    total = sum(nodes[i].dur for i in f)
+                    for i in f:
+                        dur[i] = dur[i] * fastest / total if total > 0 else 0.0
+        elif isinstance(ed, Straggler):
+            peers = [r for r in model.origin if r != ed.rank]
+            if not peers or ed.rank not in model.origin:
+                continue
+            mine = _phase_totals(model, ed.rank)
+            theirs = [_phase_totals(model, p) for p in peers]
+            for i, n in enumerate(nodes):
+                if n.rank != ed.rank or n.kind in (COLL, WAIT):
+                    continue
+                ph = (n.kind, n.phase)
+                if mine.get(ph, 0.0) > 0:
+                    dur[i] *= statistics.median(t.get(ph, 0.0) for t in theirs) / mine[ph]
+    return dur, no_sync
+
+
+def _fetches(nodes: list[Node], ids: list[int]) -> list[list[int]]:
+    """Consecutive DataLoader segments grouped into fetches."""
+    out: list[list[int]] = []
+    for i in ids:
+        if out and abs(nodes[out[-1][-1]].measured_end - nodes[i].measured_start) < 1e-6:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+def _phase_totals(model: Model, rank: int) -> dict[tuple[str, str], float]:
+    out: dict[tuple[str, str], float] = defaultdict(float)
+    for (r, _s), ids in model.streams.items():
+        if r == rank:
+            for i in ids:
+                n = model.nodes[i]
+                out[(n.kind, n.phase)] += n.dur
+    return out
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Each node's replayed start and end, and what set its start: the node whose end
+    it waited for (-1: its rank's origin; <= -2: a collective that waited for member
+    ``-2 - why``)."""
+
+    start: list[float]
+    end: list[float]
+    why: list[int]
+
+
+def replay(model: Model, edits: Sequence[Edit] = ()) -> ReplayResult:
+    """Re-time the model (with ``edits`` applied) and measure its steps."""
+    tl = timeline(model, edits)
+    start, end = tl.start, tl.end
+    replayed: dict[int, dict[int, float]] = {}
+    for r, firsts in model.steps.items():
+        bounds = [start[i] for _, i in firsts] + [end[model.window_end[r]]]
+        replayed[r] = {st: bounds[j + 1] - bounds[j] for j, (st, _) in enumerate(firsts)}
+    paths = _critical_paths(model, start, end, tl.why, replayed)
+    return ReplayResult(replayed, {r: dict(v) for r, v in model.measured_steps.items()}, paths)
+
+
+def timeline(model: Model, edits: Sequence[Edit] = ()) -> Timeline:
+    """The replayed times of every node (with ``edits`` applied)."""
+    nodes = model.nodes
+    dur, no_sync = _apply(model, edits)
+    n = len(nodes)
+    start = [math.nan] * n
+    end = [math.nan] * n
+    arrival: dict[int, float] = {}
+    why: list[int] = [-1] * n  # the node whose end set this node's start (-1: stream order / origin)
+    member_of = {i: k for k, ids in model.groups.items() for i in ids}
+    ptr = {s: 0 for s in model.streams}
+    pending = sum(len(v) for v in model.streams.values())
+    while pending:
+        progress = False
+        for s, ids in model.streams.items():
+            while ptr[s] < len(ids):
+                i = ids[ptr[s]]
+                node = nodes[i]
+                if i not in arrival:
+                    if any(math.isnan(end[d]) for d in node.deps):
+                        break
+                    prev = ids[ptr[s] - 1] if ptr[s] else -1
+                    ready, cause = (end[prev], prev) if prev >= 0 else (model.origin[node.rank], -1)
+                    for d in node.deps:
+                        if end[d] > ready:
+                            ready, cause = end[d], d
+                    arrival[i] = ready + node.delay
+                    why[i] = cause
+                k = member_of.get(i) if not no_sync else None
+                if k is None:
+                    start[i] = arrival[i]
+                    end[i] = start[i] + dur[i]
+                elif math.isnan(end[i]):
+                    ids_k = model.groups[k]
+                    if not all(m in arrival for m in ids_k):
+                        break
+                    last = max(ids_k, key=lambda m: arrival[m])
+                    for m in ids_k:
+                        start[m] = arrival[m]
+                        end[m] = arrival[last] + dur[m]
+                        if m != last:
+                            why[m] = -2 - last  # waited for `last`'s arrival
+                ptr[s] += 1
+                pending -= 1
+                progress = True
+        if not progress:
+            raise ValueError("the replay is stuck: a dependency cycle in the model")
+    return Timeline(start, end, why)
+
+
+def _critical_paths(model: Model, start: list[float], end: list[float], why: list[int],
+                    replayed: dict[int, dict[int, float]]) -> dict[int, CriticalPath]:
+    nodes = model.nodes
+    out: dict[int, CriticalPath] = {}
+    step_bounds: dict[int, dict[int, tuple[float, int]]] = {}
+    for r, firsts in model.steps.items():
+        host = model.streams[(r, "host")]
+        pos = {i: j for j, i in enumerate(host)}
+        bd = {}
+        for j, (st, first) in enumerate(firsts):
+            last = host[pos[firsts[j + 1][1]] - 1] if j + 1 < len(firsts) else model.window_end[r]
+            bd[st] = (start[first], last)
+        step_bounds[r] = bd
+    all_steps = sorted({st for bd in step_bounds.values() for st in bd})
+    for st in all_steps:
+        cands = [(end[bd[st][1]], r) for r, bd in step_bounds.items() if st in bd]
+        _, rank = max(cands)
+        t0, i = step_bounds[rank][st]
+        by_rank: dict[int, float] = defaultdict(float)
+        by_phase: dict[str, float] = defaultdict(float)
+        by_coll: dict[str, float] = defaultdict(float)
+        seen = 0
+        while i >= 0 and end[i] > t0 and seen <= len(nodes):
+            seen += 1
+            w = why[i]
+            if w <= -2:  # it waited for the last member to arrive: the path goes through that one
+                i = -2 - w
+                continue
+            node = nodes[i]
+            lo = max(end[w] if w >= 0 else start[i] - node.delay, t0)
+            span = max(end[i] - lo, 0.0)
+            by_rank[node.rank] += span
+            by_phase[node.phase] += span
+            if node.kind == COLL:
+                by_coll[node.name] += span
+            i = w
+        out[st] = CriticalPath(st, rank, {r: v for r, v in by_rank.items() if v > 0},
+                               {p: v for p, v in by_phase.items() if v > 0}, {c: v for c, v in by_coll.items() if v > 0})
+    return out
+
+
+def what_if(model: Model, edits: Sequence[Edit], bound: float = MAX_ERROR) -> WhatIfResult:
+    """The projected step with each edit alone and with all of them in one replay."""
+    base = replay(model)
+    b = base.replayed_step_us
+
+    def one(eds: tuple[Edit, ...]) -> WhatIf:
+        s = replay(model, eds).replayed_step_us
+        return WhatIf(eds, s, (b - s) / b if b > 0 else 0.0)
+
+    return WhatIfResult(b, base.measured_step_us, base.error, base.refusal(bound),
+                        tuple(one((e,)) for e in edits), one(tuple(edits)))
+
+
+# ------------------------------------------------------------------------------ runs
+def load_run(path: str) -> Model:
+    """The model of a run directory or a folder of traces (or one trace file). Raises
+    ``UserError`` (one line) for a path that holds no readable trace."""
+    from pathlib import Path
+
+    from pardiag.analysis import Notice
+    from pardiag.analyzers.pipeline import find_inputs
+    from pardiag.analyzers.trace import TraceError, load_trace, trace_head
+    from pardiag.errors import UserError
+
+    notices: list[Notice] = []
+    _run, inputs = find_inputs(Path(path), notices)
+    found = [i for i in inputs if i.trace is not None]
+    if not found:
+        raise UserError(f"{path}: no trace to replay")
+    try:
+        traces = {i.rank: load_trace(i.trace) for i in found if i.trace is not None}
+    except TraceError as exc:
+        raise UserError(str(exc)) from None
+    hosts = {i.rank: _host_of(trace_head(i.trace)) for i in found if i.trace is not None}
+    model = build_model(traces, incomplete=[i.rank for i in found if not i.trace_complete],
+                        hosts=hosts if all(hosts.values()) else None)
+    model.notices[:0] = [n.message for n in notices]
+    return model
+
+
+def _host_of(head: Mapping[str, object]) -> str | None:
+    h = head.get("host_name")
+    return h if isinstance(h, str) and h else None
