@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import json
 import os
 import time
 from typing import Any, Callable
@@ -75,15 +76,31 @@ def args(extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argp
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--fix", action="store_true",
                    help="apply the change the scenario's finding advises (the scenario's FIX)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="with --fix: a value of the fix as a run's finding gave it (e.g. workers=6), over FIX")
     if extra:
         extra(p)
     return p.parse_args()
 
 
 def settings(a: argparse.Namespace, problem: dict[str, Any], fix: dict[str, Any]) -> dict[str, Any]:
-    """The keyword arguments of `train`: the scenario's `problem`, with `fix` laid over it
-    under --fix; `steps` from the command line either way."""
-    return {**problem, **(fix if a.fix else {}), "steps": a.steps}
+    """The keyword arguments of `train`: the scenario's `problem`, with `fix` and then the
+    --set values (JSON literals, else text) laid over it under --fix; `steps` from the
+    command line either way."""
+    if not a.fix:
+        if a.set:
+            raise SystemExit("error: --set gives a value of the fix: it needs --fix")
+        return {**problem, "steps": a.steps}
+    given: dict[str, Any] = {}
+    for item in a.set:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"error: --set wants KEY=VALUE, got {item!r}")
+        try:
+            given[key] = json.loads(text)
+        except ValueError:
+            given[key] = text
+    return {**problem, **fix, **given, "steps": a.steps}
 
 
 def train(model: nn.Module, data: Dataset, **kw: Any) -> int:
