@@ -15,8 +15,8 @@ compare, per lever:
 
 and the run-to-run noise (with --repeat 2 or more): "noise", the same job recorded
 twice, the problem runs against each other and the fixed runs against each other (the
-largest |1 - second / first|, in points of the step); "spread", the range of the
-measured saving over the repetitions (points). The healthy control has nothing to fix:
+largest difference of two medians, in points of the problem's step: the unit of the
+error); "spread", the range of the measured saving over the repetitions (points). The healthy control has nothing to fix:
 its pair is the same job twice, so its "measured" is noise too. Problem and fixed runs
 alternate, and only one job runs at a time; a job during which other processes kept more
 than a quarter of a core busy (from /proc/stat, less the job's own CPU time) is recorded
@@ -127,13 +127,15 @@ class Result:
         return [100 * (1 - f.per_micro_us / p.per_micro_us) for p, f in zip(self.problem, self.fixed)]
 
     def noise_pp(self) -> float | None:
-        """The largest difference, in points of the step, between two recordings of the
-        same job (problem runs against each other, fixed runs against each other)."""
-        out = []
-        for runs in (self.problem, self.fixed):
-            for i in range(1, len(runs)):
-                out.append(abs(100 * (1 - runs[i].per_micro_us / runs[0].per_micro_us)))
-        return max(out) if out else None
+        """The largest difference between two recordings of the same job (problem runs
+        against each other, fixed runs against each other), in points of the first
+        problem run's step: what it moves the measured saving by."""
+        if len(self.problem) < 2 and len(self.fixed) < 2:
+            return None
+        base = self.problem[0].per_micro_us
+        out = [abs(a.per_micro_us - b.per_micro_us) / base * 100
+               for runs in (self.problem, self.fixed) for a in runs for b in runs]
+        return max(out)
 
     def spread_pp(self) -> float | None:
         """The range of the measured saving over the repetitions, in points."""

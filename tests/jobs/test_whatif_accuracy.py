@@ -108,14 +108,17 @@ def run(per_micro_ms: float, fixed: bool) -> wa.Run:
 
 
 def test_summary_of_two_pairs() -> None:
-    # pairs 100 -> 50 ms and 110 -> 50 ms: savings 50.0 and 54.5%, median 52.3; the
-    # estimate 40% misses by -12.3 points; the problem runs differ by 10%, the fixed not
-    # at all; the savings differ by 4.5 points
-    r = wa.Result("s", "straggler", [run(100, False), run(110, False)], [run(50, True), run(50, True)],
+    # pairs 100 -> 50 ms and 110 -> 45 ms: savings 50.0 and 59.1%, median 54.5; the
+    # estimate 40% misses by -14.5 points; the problem runs differ by 10 ms, the fixed by
+    # 5: noise 10 points of the first problem step (100 ms); the savings differ by 9.1
+    r = wa.Result("s", "straggler", [run(100, False), run(110, False)], [run(50, True), run(45, True)],
                   [40.0, None], [40.0, 40.0])
     s = r.summary()
-    assert (s["estimated_pct"], s["measured_pct"], s["error_pp"]) == (40.0, 52.3, -12.3)
-    assert (s["noise_pp"], s["spread_pp"], s["measured_each_pct"]) == (10.0, 4.5, [50.0, 54.5])
+    assert (s["estimated_pct"], s["measured_pct"], s["error_pp"]) == (40.0, 54.5, -14.5)
+    assert (s["noise_pp"], s["spread_pp"], s["measured_each_pct"]) == (10.0, 9.1, [50.0, 59.1])
+    # the fixed runs' 5 ms is 5 points of the problem step, not 10% of their own
+    r = wa.Result("s", "straggler", [run(100, False), run(100, False)], [run(10, True), run(5, True)], [90.0], [90.0])
+    assert r.summary()["noise_pp"] == 5.0
 
 
 def test_the_control_estimates_nothing_and_measures_noise() -> None:
