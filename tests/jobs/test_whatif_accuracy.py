@@ -2,14 +2,15 @@
 and (slow) one real pair of jobs: the straggler scenario with its problem and with the
 fix, whose estimated saving must match the measured one.
 
-The tolerance comes from the noise measured on the machine the suite runs on (2 CPU
-cores shared with other jobs, gloo, 30 steps): the straggler pair recorded 6 times over
-three benchmark invocations (`whatif_accuracy.py --scenarios slow_rank --repeat 2`)
-measured savings of 88.5 to 92.6% (median job step 43-46 ms with the slow rank, 3.3-5.3
-ms without), a range of REPRODUCIBLE_PP points; within one invocation's two pairs they
-differed by at most 1 point. The estimates of those runs missed the measured saving by
--1.9 to +1.6 points. TOLERANCE_PP, the issue's 5-point target, is above that noise, so
-a failure means the estimate moved, not the machine.
+The tolerances come from the noise measured on the machine the suite runs on (2 CPU
+cores, shared with other jobs; gloo; 30 steps), with `whatif_accuracy.py --scenarios
+slow_rank` run 5 times (8 problem/fixed pairs): the measured saving ranged from 88.5 to
+96.1% (median job step 43-46 ms with the slow rank, 1.7-5.3 ms without: the spread is
+the fixed step under contention), a range of REPRODUCIBLE_PP points; two pairs of one
+invocation differed by up to 6.2. The estimate, which moves with the problem run it
+comes from, missed the median of two pairs by -1.9 to +1.1 points (one pair: -4.4 to
++2.8). TOLERANCE_PP, the issue's 5-point target, is above that, so a failure means the
+estimate or the measurement moved, not the machine.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import harness  # noqa: E402
 import whatif_accuracy as wa  # noqa: E402
 
 TOLERANCE_PP = 5.0  # |estimated - measured|: the issue's target; the noise below is under it
-REPRODUCIBLE_PP = 4.1  # range of the straggler pair's measured saving over 6 recordings (docstring)
+REPRODUCIBLE_PP = 7.6  # range of the straggler pair's measured saving over 8 recordings (docstring)
 
 
 # -- the --fix switch -------------------------------------------------------------------
