@@ -1,11 +1,16 @@
 """The training loop the scenarios share: DDP over gloo (or one process), a torch
-DataLoader, AdamW, optional bf16 autocast, gradient accumulation and a slow rank."""
+DataLoader, AdamW, optional bf16 autocast, gradient accumulation and a slow rank.
+
+Every scenario plants one problem and names, in `FIX`, the change its finding advises;
+`--fix` runs it with that change applied (benchmarks/whatif_accuracy.py compares the
+two). Without `--fix` a scenario runs exactly its problem."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import gc
+import json
 import os
 import time
 from typing import Any, Callable
@@ -69,9 +74,33 @@ def busy(ms: float) -> None:
 def args(extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--fix", action="store_true",
+                   help="apply the change the scenario's finding advises (the scenario's FIX)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="with --fix: a value of the fix as a run's finding gave it (e.g. workers=6), over FIX")
     if extra:
         extra(p)
     return p.parse_args()
+
+
+def settings(a: argparse.Namespace, problem: dict[str, Any], fix: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of `train`: the scenario's `problem`, with `fix` and then the
+    --set values (JSON literals, else text) laid over it under --fix; `steps` from the
+    command line either way."""
+    if not a.fix:
+        if a.set:
+            raise SystemExit("error: --set gives a value of the fix: it needs --fix")
+        return {**problem, "steps": a.steps}
+    given: dict[str, Any] = {}
+    for item in a.set:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"error: --set wants KEY=VALUE, got {item!r}")
+        try:
+            given[key] = json.loads(text)
+        except ValueError:
+            given[key] = text
+    return {**problem, **fix, **given, "steps": a.steps}
 
 
 def train(model: nn.Module, data: Dataset, **kw: Any) -> int:
@@ -94,13 +123,16 @@ def _train(
     bucket_cap_mb: float = 25.0,
     autocast: bool = False,
     workers: int = 0,
+    persistent_workers: bool = False,
     accum: int = 1,
     slow_rank: int = -1,
     slow_ms: float = 0.0,
     optimizer: str = "adamw",
     pause_ms: float = 0.0,
 ) -> int:
-    """`batch=None` takes the dataset's items as whole batches."""
+    """`batch=None` takes the dataset's items as whole batches; `steps` counts optimizer
+    steps (of `accum` micro-batches each); optimizer "zero_adamw" shards AdamW's state
+    over the ranks (ZeroRedundancyOptimizer; plain AdamW in one process)."""
     torch.manual_seed(0)
     torch.set_num_threads(1)
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -109,10 +141,17 @@ def _train(
         model = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
     rank = dist.get_rank() if distributed else 0
     sampler = DistributedSampler(data, shuffle=False) if distributed else None
+    # workers stay for the next epoch only when asked (a fix); the default keeps the problem's loader as it was
+    more: dict[str, Any] = {"persistent_workers": True, "prefetch_factor": 2} if workers and persistent_workers else {}
     loader = DataLoader(data, batch_size=batch, sampler=sampler, num_workers=workers,
-                        drop_last=batch is not None)
-    opt = (torch.optim.SGD(model.parameters(), lr=1e-2) if optimizer == "sgd"
-           else torch.optim.AdamW(model.parameters(), lr=1e-3))
+                        drop_last=batch is not None, **more)
+    if optimizer == "sgd":
+        opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    elif optimizer == "zero_adamw" and distributed:  # ZeRO-1: each rank keeps the AdamW state of its share
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
     done = micro = 0
     while done < steps:

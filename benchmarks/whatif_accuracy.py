@@ -1,0 +1,386 @@
+"""How close are pardiag's estimated savings to what the advised change really saves?
+
+For every planted-problem scenario in examples/scenarios: record the job under
+`pardiag run` (2 ranks, torchrun, gloo on the CPU) with its problem, then again with
+`--fix` (the change its finding advises, the scenario's FIX), analyse the first and
+compare, per lever:
+
+  estimated  the scenario's finding's est_saving_pct, and what_if's figure for all
+             findings together (what_if.all_saving_pct)
+  measured   1 - fixed / problem, each the median of the job's step times over ALL
+             counted steps of steps.jsonl (`job_step_times_us`: per step the slowest
+             rank; warm-up, profiler window and disturbed steps left out), per
+             micro-batch (a fix that accumulates k micro-batches per step is divided by k)
+  error      estimated - measured, in percentage points
+
+and the run-to-run noise (with --repeat 2 or more): "noise", the same job recorded
+twice, the problem runs against each other and the fixed runs against each other (the
+largest difference of two medians, in points of the problem's step: the unit of the
+error); "spread", the range of the measured saving over the repetitions (points). The healthy control has nothing to fix:
+its pair is the same job twice, so its "measured" is noise too. Problem and fixed runs
+alternate, and only one job runs at a time; a job during which other processes kept more
+than a quarter of a core busy (from /proc/stat, less the job's own CPU time) is recorded
+again (--retries) and the least disturbed recording is kept.
+
+    python benchmarks/whatif_accuracy.py                        # every scenario, once
+    python benchmarks/whatif_accuracy.py --repeat 2             # with the noise
+    python benchmarks/whatif_accuracy.py --scenarios slow_rank,slow_input --json out.json
+
+Progress goes to stderr; the table (or with --json - , the JSON) to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import resource
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pardiag.analyzers.steps import job_step_times_us
+from pardiag.rundir import RunDir, read_steps
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIO_DIR = ROOT / "examples" / "scenarios"
+NPROC = 2
+STEPS = 30
+CONTENDED = 0.25  # cores used by other processes during a job above which it is recorded again
+TARGET_PP = 5.0  # |estimated - measured| the issue asks for, per scenario
+
+# scenario -> (the lever its finding must carry, extra `pardiag run` arguments)
+SCENARIOS: dict[str, tuple[str | None, tuple[str, ...]]] = {
+    "slow_rank": ("straggler", ()),
+    "slow_input": ("dataloader", ()),
+    "tiny_buckets": ("ddp_bucket_size", ()),
+    "fp32_matmul": ("mixed_precision", ()),
+    "comm_bound": ("gradient_accumulation", ()),
+    "too_large": ("sharding", ("--memory-per-rank", "400MiB")),
+    "healthy": (None, ()),
+}
+
+
+# lever -> {(the call its action's settings name, keyword): the scenario harness's parameter}:
+# a fixed run applies the values the problem run's finding advised (harness --set)
+ADVISED: dict[str, dict[tuple[str, str], str]] = {
+    "dataloader": {("torch.utils.data.DataLoader", "num_workers"): "workers",
+                   ("torch.utils.data.DataLoader", "persistent_workers"): "persistent_workers"},
+    "ddp_bucket_size": {("torch.nn.parallel.DistributedDataParallel", "bucket_cap_mb"): "bucket_cap_mb"},
+}
+
+
+def advised_values(lever: str, finding: dict[str, Any]) -> dict[str, Any]:
+    """The harness parameters a finding's action sets, e.g. {"workers": 15}."""
+    wanted = ADVISED.get(lever, {})
+    out: dict[str, Any] = {}
+    for setting in (finding.get("action") or {}).get("settings") or []:
+        if not isinstance(setting, dict):
+            continue
+        for key, value in (setting.get("kwargs") or {}).items():
+            param = wanted.get((str(setting.get("call")), key))
+            if param:
+                out[param] = value
+    return out
+
+
+class BenchError(Exception):
+    """A job that failed or left no usable step times; the message says which."""
+
+
+@dataclass
+class Run:
+    """One recorded job: its run directory and the median job step time per micro-batch."""
+    path: str
+    fixed: bool
+    step_us: float  # median job step time over all counted steps
+    steps_counted: int
+    per_micro_us: float  # step_us / micro-batches per step
+    wall_s: float
+    others_cores: float | None = None  # CPU used meanwhile by processes outside the job, in cores
+
+
+@dataclass
+class Result:
+    scenario: str
+    lever: str | None
+    problem: list[Run] = field(default_factory=list)
+    fixed: list[Run] = field(default_factory=list)
+    estimated_pct: list[float | None] = field(default_factory=list)  # per problem run: the lever's est_saving_pct
+    what_if_all_pct: list[float | None] = field(default_factory=list)  # per problem run
+    top_lever: list[str | None] = field(default_factory=list)  # per problem run: the first finding's lever
+    still_reported: list[bool | None] = field(default_factory=list)  # per fixed run: the lever found again
+    advice: str | None = None  # the finding's action, as the first problem run gave it
+    applied: list[dict[str, Any]] = field(default_factory=list)  # per pair: the advised values the fix used
+
+    def measured_pct(self) -> list[float]:
+        """Measured saving per repetition (problem run i against fixed run i)."""
+        return [100 * (1 - f.per_micro_us / p.per_micro_us) for p, f in zip(self.problem, self.fixed)]
+
+    def noise_pp(self) -> float | None:
+        """The largest difference between two recordings of the same job (problem runs
+        against each other, fixed runs against each other), in points of the first
+        problem run's step: what it moves the measured saving by."""
+        if len(self.problem) < 2 and len(self.fixed) < 2:
+            return None
+        base = self.problem[0].per_micro_us
+        out = [abs(a.per_micro_us - b.per_micro_us) / base * 100
+               for runs in (self.problem, self.fixed) for a in runs for b in runs]
+        return max(out)
+
+    def spread_pp(self) -> float | None:
+        """The range of the measured saving over the repetitions, in points."""
+        m = self.measured_pct()
+        return max(m) - min(m) if len(m) > 1 else None
+
+    def summary(self) -> dict[str, Any]:
+        measured = statistics.median(self.measured_pct()) if self.fixed else None
+        est = _median([e for e in self.estimated_pct if e is not None])
+        wi = _median([w for w in self.what_if_all_pct if w is not None])
+        if self.lever is None:  # the control: nothing should be estimated, nothing changes
+            est = wi if wi is not None else 0.0
+        return {
+            "scenario": self.scenario, "lever": self.lever,
+            "estimated_pct": est, "what_if_all_pct": wi,
+            "measured_pct": _round(measured),
+            "error_pp": _round(est - measured) if est is not None and measured is not None else None,
+            "what_if_error_pp": _round(wi - measured) if wi is not None and measured is not None else None,
+            "noise_pp": _round(self.noise_pp()), "spread_pp": _round(self.spread_pp()),
+            "measured_each_pct": [round(m, 1) for m in self.measured_pct()],
+            "estimated_each_pct": self.estimated_pct,
+            "top_lever": self.top_lever, "still_reported_after_fix": self.still_reported,
+            "advice": self.advice, "applied": self.applied,
+            "problem_step_ms": [round(r.per_micro_us / 1000, 2) for r in self.problem],
+            "fixed_step_ms": [round(r.per_micro_us / 1000, 2) for r in self.fixed],
+            "others_cores": [None if r.others_cores is None else round(r.others_cores, 2)
+                             for r in self.problem + self.fixed],
+        }
+
+
+def _median(xs: list[float]) -> float | None:
+    return round(statistics.median(xs), 1) if xs else None
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def micro_batches(scenario: str, fixed: bool) -> int:
+    """Micro-batches per optimizer step: the scenario's `accum`, as its FIX sets it."""
+    mod = importlib.import_module(f"pardiag.examples.scenarios.{scenario}")
+    return int(getattr(mod, "FIX", {}).get("accum", 1)) if fixed else 1
+
+
+def median_step_us(path: Path) -> tuple[float, int]:
+    """The median job step time over every counted step of the run, and how many counted."""
+    run = RunDir(path)
+    job = job_step_times_us({r: read_steps(run, r) for r in run.ranks()})
+    if not job.values_us:
+        raise BenchError(f"{path}: no counted steps in steps.jsonl")
+    return statistics.median(job.values_us), len(job.values_us)
+
+
+def busy_cpu_s() -> float | None:
+    """CPU seconds the whole machine has spent busy since boot (/proc/stat), or None."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except (OSError, IndexError):
+        return None
+    ticks = [int(x) for x in fields]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def record(scenario: str, fixed: bool, out: Path, steps: int, retries: int = 0,
+           values: dict[str, Any] | None = None) -> Run:
+    """Record one job; when other processes used more than CONTENDED cores on average
+    while it ran, record it again (up to `retries` times) and keep the least disturbed."""
+    best: Run | None = None
+    for attempt in range(retries + 1):
+        target = out if attempt == 0 else out.with_name(f"{out.name}-again{attempt}")
+        run = _record(scenario, fixed, target, steps, values or {})
+        if best is None or (run.others_cores or 0.0) < (best.others_cores or 0.0):
+            best = run
+        if run.others_cores is None or run.others_cores <= CONTENDED:
+            break
+        if attempt < retries:
+            log(f"[{scenario}]   other processes used {run.others_cores:.2f} cores meanwhile: recording it again")
+    assert best is not None
+    return best
+
+
+def _record(scenario: str, fixed: bool, out: Path, steps: int, values: dict[str, Any]) -> Run:
+    lever_args = SCENARIOS[scenario][1]
+    cmd = [sys.executable, "-m", "pardiag", "run", "-q", "--no-report", "--out", str(out), *lever_args, "--",
+           sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(NPROC),
+           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+           str(SCENARIO_DIR / f"{scenario}.py"), "--steps", str(steps), *(["--fix"] if fixed else []),
+           *[f"--set={k}={json.dumps(v)}" for k, v in values.items()]]
+    env = dict(os.environ)
+    env.pop("PARDIAG_RUN_DIR", None)
+    busy0, mine0, t0 = busy_cpu_s(), children_cpu_s(), time.monotonic()
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    busy1, mine1, wall = busy_cpu_s(), children_cpu_s(), time.monotonic() - t0
+    others = (max(0.0, (busy1 - busy0) - (mine1 - mine0)) / wall
+              if busy0 is not None and busy1 is not None and wall > 0 else None)
+    if res.returncode != 0:
+        tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise BenchError(f"{scenario}{' --fix' if fixed else ''}: exit {res.returncode}: {tail[0]}")
+    step_us, n = median_step_us(out)
+    k = micro_batches(scenario, fixed)
+    return Run(str(out), fixed, step_us, n, step_us / k, wall, others)
+
+
+def analyze(path: Path) -> dict[str, Any]:
+    res = subprocess.run([sys.executable, "-m", "pardiag", "analyze", str(path), "--json"],
+                         capture_output=True, text=True, timeout=600)
+    if res.returncode != 0:
+        raise BenchError(f"pardiag analyze {path}: exit {res.returncode}: {res.stderr.strip()[-300:]}")
+    doc: dict[str, Any] = json.loads(res.stdout)
+    return doc
+
+
+def _advice(finding: dict[str, Any]) -> str:
+    action = finding.get("action") or {}
+    code = action.get("torch_code") or action.get("code") or action.get("text") or ""
+    return str(code).splitlines()[0] if code else ""
+
+
+def measure(scenario: str, repeat: int, steps: int, workdir: Path, retries: int = 0) -> Result:
+    """Record the scenario `repeat` times with its problem and with --fix (alternating),
+    analyse every run, and collect what `Result.summary` reports."""
+    lever = SCENARIOS[scenario][0]
+    res = Result(scenario, lever)
+    for i in range(repeat):
+        for fixed in (False, True):
+            name = f"{scenario}{'-fix' if fixed else ''}-{i}"
+            log(f"[{scenario}] recording {name} ({steps} steps, {NPROC} ranks)")
+            values = res.applied[-1] if fixed else {}
+            if values:
+                log(f"[{scenario}]   as advised: {', '.join(f'{k}={v}' for k, v in values.items())}")
+            run = record(scenario, fixed, workdir / name, steps, retries, values)
+            doc = analyze(Path(run.path))
+            found = [f for f in doc.get("findings") or [] if lever and f.get("lever") == lever]
+            if fixed:
+                res.fixed.append(run)
+                res.still_reported.append(bool(found) if lever else bool(doc.get("findings")))
+            else:
+                res.problem.append(run)
+                res.estimated_pct.append(found[0].get("est_saving_pct") if found else None)
+                wi = doc.get("what_if") or {}
+                res.what_if_all_pct.append(wi.get("all_saving_pct") if wi.get("findings") else 0.0)
+                findings = doc.get("findings") or []
+                res.top_lever.append(findings[0]["lever"] if findings else None)
+                if found and res.advice is None:
+                    res.advice = _advice(found[0])
+                res.applied.append(advised_values(lever, found[0]) if found and lever else {})
+            others = f", others used {run.others_cores:.2f} cores" if run.others_cores is not None else ""
+            log(f"[{scenario}]   median step {run.per_micro_us / 1000:.1f} ms per micro-batch over "
+                f"{run.steps_counted} steps ({run.wall_s:.0f} s{others})")
+    return res
+
+
+def _cell(x: Any, fmt: str = "{:.1f}") -> str:
+    if x is None:
+        return "-"
+    return fmt.format(x) if isinstance(x, (int, float)) else str(x)
+
+
+def _after(still: list[bool | None]) -> str:
+    """Whether the fixed runs still report the lever (the control: any finding)."""
+    if not still or any(x is None for x in still):
+        return "-"
+    return "still reported" if all(still) else "gone" if not any(still) else "reported in some"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = ["scenario", "lever", "est. %", "what_if %", "measured %", "error pp", "what_if err pp", "noise pp",
+            "spread pp", "problem ms", "fixed ms", "after fix"]
+    lines = [head]
+    for r in rows:
+        lines.append([r["scenario"], r["lever"] or "(none)", _cell(r["estimated_pct"]), _cell(r["what_if_all_pct"]),
+                      _cell(r["measured_pct"]), _cell(r["error_pp"], "{:+.1f}"), _cell(r["what_if_error_pp"], "{:+.1f}"),
+                      _cell(r["noise_pp"]), _cell(r["spread_pp"]), "/".join(f"{x:.1f}" for x in r["problem_step_ms"]),
+                      "/".join(f"{x:.1f}" for x in r["fixed_step_ms"]), _after(r["still_reported_after_fix"])])
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    out = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
+           for line in lines]
+    errs = [abs(r["error_pp"]) for r in rows if r["error_pp"] is not None and r["lever"]]
+    if errs:
+        out.append(f"|error| over levers with an estimate: median {statistics.median(errs):.1f} pp, max "
+                   f"{max(errs):.1f} pp (target: each <= {TARGET_PP:g}, median <= 3)")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--scenarios", default=",".join(SCENARIOS),
+                   help=f"comma-separated, of: {', '.join(SCENARIOS)} (default: all)")
+    p.add_argument("--repeat", type=int, default=1, help="problem/fixed pairs per scenario; 2+ also gives the noise")
+    p.add_argument("--steps", type=int, default=STEPS, help=f"optimizer steps per job (default {STEPS})")
+    p.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE ('-': stdout, no table)")
+    p.add_argument("--retries", type=int, default=2,
+                   help=f"record a job again, up to this many times, when other processes used more than "
+                        f"{CONTENDED:g} cores while it ran (default 2; the least disturbed is kept)")
+    p.add_argument("--keep", metavar="DIR", help="keep the run directories under DIR (default: a temporary one)")
+    a = p.parse_args(argv)
+    names = [s.strip() for s in a.scenarios.split(",") if s.strip()]
+    unknown = [s for s in names if s not in SCENARIOS]
+    if unknown or not names:
+        print(f"error: unknown scenario(s) {', '.join(unknown) or '(none given)'}; known: {', '.join(SCENARIOS)}",
+              file=sys.stderr)
+        return 2
+    if a.repeat < 1 or a.retries < 0 or a.steps < 12:
+        print("error: --repeat must be >= 1, --retries >= 0 and --steps >= 12 (warm-up and the profiler window take 10)",
+              file=sys.stderr)
+        return 2
+    work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="whatif-accuracy-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        rows = []
+        for s in names:
+            rows.append(measure(s, a.repeat, a.steps, work, a.retries).summary())
+    except BenchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if not a.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    doc = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "machine": f"{os.cpu_count()} CPUs, {platform.machine()}",
+           "ranks": NPROC, "backend": "gloo", "steps": a.steps, "repeat": a.repeat, "results": rows}
+    if a.json:
+        text = json.dumps(doc, indent=2)
+        if a.json == "-":
+            print(text)
+            return 0
+        Path(a.json).write_text(text + "\n")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

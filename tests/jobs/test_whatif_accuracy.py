@@ -1,0 +1,167 @@
+"""benchmarks/whatif_accuracy.py: the scenarios' --fix switch, the benchmark's arithmetic,
+and (slow) one real pair of jobs: the straggler scenario with its problem and with the
+fix, whose estimated saving must match the measured one.
+
+The tolerances come from the noise measured on the machine the suite runs on (2 CPU
+cores, shared with other jobs; gloo; 30 steps), with `whatif_accuracy.py --scenarios
+slow_rank` run 5 times (8 problem/fixed pairs): the measured saving ranged from 88.5 to
+96.1% (median job step 43-46 ms with the slow rank, 1.7-5.3 ms without: the spread is
+the fixed step under contention), a range of REPRODUCIBLE_PP points; two pairs of one
+invocation differed by up to 6.2. The estimate, which moves with the problem run it
+comes from, missed the median of two pairs by -1.9 to +1.1 points (one pair: -4.4 to
++2.8). TOLERANCE_PP, the issue's 5-point target, is above that, so a failure means the
+estimate or the measurement moved, not the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "examples" / "scenarios"))
+
+import harness  # noqa: E402
+import whatif_accuracy as wa  # noqa: E402
+
+TOLERANCE_PP = 5.0  # |estimated - measured|: the issue's target; the noise below is under it
+REPRODUCIBLE_PP = 7.6  # range of the straggler pair's measured saving over 8 recordings (docstring)
+
+
+# -- the --fix switch -------------------------------------------------------------------
+
+
+def ns(fix: bool, *sets: str) -> argparse.Namespace:
+    return argparse.Namespace(fix=fix, set=list(sets), steps=7)
+
+
+def test_without_fix_the_problem_runs_unchanged() -> None:
+    assert harness.settings(ns(False), {"batch": 32, "workers": 0}, {"workers": 4}) == {
+        "batch": 32, "workers": 0, "steps": 7}
+
+
+def test_fix_lays_the_scenarios_fix_then_the_given_values_over_the_problem() -> None:
+    got = harness.settings(ns(True, "workers=15", "persistent_workers=true", "note=abc"),
+                           {"batch": 32, "workers": 0}, {"workers": 4, "persistent_workers": True})
+    assert got == {"batch": 32, "workers": 15, "persistent_workers": True, "note": "abc", "steps": 7}
+
+
+@pytest.mark.parametrize("sets", [("workers",), ("=3",)])
+def test_a_bad_set_is_a_one_line_error(sets: tuple[str, ...]) -> None:
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        harness.settings(ns(True, *sets), {}, {})
+
+
+def test_set_without_fix_is_an_error() -> None:
+    with pytest.raises(SystemExit, match="needs --fix"):
+        harness.settings(ns(False, "workers=2"), {}, {})
+
+
+@pytest.mark.parametrize("scenario", sorted(wa.SCENARIOS))
+def test_every_scenario_names_a_fix_train_understands(scenario: str) -> None:
+    fix = wa.importlib.import_module(f"pardiag.examples.scenarios.{scenario}").FIX
+    params = inspect.signature(harness._train).parameters
+    assert set(fix) <= set(params), set(fix) - set(params)
+    assert bool(fix) == (wa.SCENARIOS[scenario][0] is not None)  # only the control has nothing to fix
+
+
+def test_accumulation_is_compared_per_micro_batch() -> None:
+    assert wa.micro_batches("comm_bound", fixed=True) == 4  # the finding's 4 micro-batches per sync
+    assert wa.micro_batches("comm_bound", fixed=False) == 1
+    assert wa.micro_batches("slow_rank", fixed=True) == 1
+
+
+# -- the arithmetic -----------------------------------------------------------------------
+
+
+def write_steps(root: Path, rank: int, durs_ms: list[float], active: set[int]) -> None:
+    d = root / "ranks" / str(rank)
+    d.mkdir(parents=True)
+    lines = [{"v": 2, "step": i, "t_end_ns": (i + 1) * 10**9, "dur_us": ms * 1000, "pardiag_us": 0.0,
+              "source": "optimizer", **({"profiler": "active"} if i in active else {})}
+             for i, ms in enumerate(durs_ms)]
+    (d / "steps.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_the_step_time_is_the_median_over_all_counted_steps_of_the_slowest_rank(tmp_path: Path) -> None:
+    # step 0 is warm-up and step 4 profiled: left out; steps 1-3 take the slower rank's
+    # 14, 12 and 13 ms; their median is 13 ms
+    write_steps(tmp_path, 0, [900, 10, 12, 11, 50], {4})
+    write_steps(tmp_path, 1, [900, 14, 9, 13, 50], {4})
+    assert wa.median_step_us(tmp_path) == (13000.0, 3)
+
+
+def test_a_run_without_counted_steps_is_an_error(tmp_path: Path) -> None:
+    write_steps(tmp_path, 0, [900], set())
+    with pytest.raises(wa.BenchError, match="no counted steps"):
+        wa.median_step_us(tmp_path)
+
+
+def run(per_micro_ms: float, fixed: bool) -> wa.Run:
+    return wa.Run("x", fixed, per_micro_ms * 1000, 20, per_micro_ms * 1000, 1.0)
+
+
+def test_summary_of_two_pairs() -> None:
+    # pairs 100 -> 50 ms and 110 -> 45 ms: savings 50.0 and 59.1%, median 54.5; the
+    # estimate 40% misses by -14.5 points; the problem runs differ by 10 ms, the fixed by
+    # 5: noise 10 points of the first problem step (100 ms); the savings differ by 9.1
+    r = wa.Result("s", "straggler", [run(100, False), run(110, False)], [run(50, True), run(45, True)],
+                  [40.0, None], [40.0, 40.0])
+    s = r.summary()
+    assert (s["estimated_pct"], s["measured_pct"], s["error_pp"]) == (40.0, 54.5, -14.5)
+    assert (s["noise_pp"], s["spread_pp"], s["measured_each_pct"]) == (10.0, 9.1, [50.0, 59.1])
+    # the fixed runs' 5 ms is 5 points of the problem step, not 10% of their own
+    r = wa.Result("s", "straggler", [run(100, False), run(100, False)], [run(10, True), run(5, True)], [90.0], [90.0])
+    assert r.summary()["noise_pp"] == 5.0
+
+
+def test_the_control_estimates_nothing_and_measures_noise() -> None:
+    r = wa.Result("healthy", None, [run(40, False)], [run(42, True)], [None], [0.0])
+    s = r.summary()
+    assert (s["estimated_pct"], s["measured_pct"], s["error_pp"]) == (0.0, -5.0, 5.0)
+    assert s["noise_pp"] is None and s["spread_pp"] is None  # one pair: no repetition to compare
+
+
+def test_the_advised_values_come_from_the_findings_settings() -> None:
+    finding = {"action": {"settings": [
+        {"call": "torch.utils.data.DataLoader",
+         "kwargs": {"num_workers": 15, "persistent_workers": True, "prefetch_factor": 2}},
+        {"call": "torch.nn.parallel.DistributedDataParallel", "kwargs": {"bucket_cap_mb": 0.2}}]}}
+    assert wa.advised_values("dataloader", finding) == {"workers": 15, "persistent_workers": True}
+    assert wa.advised_values("ddp_bucket_size", finding) == {"bucket_cap_mb": 0.2}
+    assert wa.advised_values("straggler", finding) == {}
+
+
+def test_an_unknown_scenario_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert wa.main(["--scenarios", "slow_rank,nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown scenario(s) nope;") and err.count("\n") == 1
+
+
+# -- one real pair --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def straggler_pairs(tmp_path_factory: pytest.TempPathFactory) -> wa.Result:
+    return wa.measure("slow_rank", repeat=2, steps=30, workdir=tmp_path_factory.mktemp("accuracy"), retries=1)
+
+
+@pytest.mark.slow
+def test_the_straggler_estimate_matches_the_measured_saving(straggler_pairs: wa.Result) -> None:
+    s = straggler_pairs.summary()
+    assert s["top_lever"] == ["straggler", "straggler"], s
+    assert s["still_reported_after_fix"] == [False, False], s
+    assert abs(s["error_pp"]) <= TOLERANCE_PP, s
+
+
+@pytest.mark.slow
+def test_the_measured_saving_is_reproducible(straggler_pairs: wa.Result) -> None:
+    spread = straggler_pairs.spread_pp()
+    assert spread is not None and spread <= REPRODUCIBLE_PP, straggler_pairs.summary()
