@@ -551,13 +551,44 @@ DDP_BUCKET_SIZE_MAX_CAP_MB = 100.0
 DDP_BUCKET_SIZE_FEWER_CALLS = 0.25  # ... removes this share of the exposed time
 
 
+def packed_buckets(sizes: Sequence[int], cap_mb: float) -> int:
+    """How many buckets DDP makes of the given ones, kept whole and in order, under
+    `cap_mb`: it adds gradients to a bucket until the bucket reaches the cap
+    (torch.distributed's `_compute_bucket_assignment_by_size`). Today's buckets are the
+    smallest units known (their parameters are not recorded one by one), so this counts
+    at most as many buckets as DDP would make."""
+    cap = cap_mb * 2**20
+    n = 0
+    filled = 0.0
+    for b in sizes:
+        filled += b
+        if filled >= cap:
+            n += 1
+            filled = 0.0
+    return n + (1 if filled > 0 else 0)
+
+
+def fewer_buckets(sizes: Sequence[int], cap_mb: float) -> tuple[float, int | None]:
+    """(the cap to advise, the buckets it gives) for DDP_BUCKET_SIZE_GROW x fewer
+    buckets: a cap GROW x the current one does nothing when each bucket already holds one
+    gradient larger than it (0.05 MB buckets of 0.25 MB weights stay 25 buckets at
+    0.2 MB), so the cap is also raised to GROW x the median bucket. None when even the
+    largest cap offered gives no fewer buckets."""
+    median_mb = (median(sizes) or 0.0) / 2**20
+    new_cap = min(DDP_BUCKET_SIZE_MAX_CAP_MB, max(cap_mb * DDP_BUCKET_SIZE_GROW, median_mb * DDP_BUCKET_SIZE_GROW))
+    new_cap = float(f"{new_cap:.2g}") if new_cap < 10 else round(new_cap)
+    packed = packed_buckets(sizes, new_cap)
+    return new_cap, packed if packed < len(sizes) else None
+
+
 def ddp_bucket_size(ctx: RuleContext) -> list[Finding]:
     """Exposed communication >= 5% of the step under DDP whose buckets hide it badly: low
     under 10%, medium from 10% (TensorBoard plugin rule 4), high at 20%. One bucket over
     1 MB: a cap of a 1/4 of it is assumed to let 50% of the exposed all-reduce overlap the
     backward pass (at most 50% of the compute). More than 8 buckets with all-reduces
-    under 1 MB on average: a cap 4x larger (at most 100 MB) is assumed to remove 25% of
-    the exposed time. From 10% a bf16 compression hook is offered too."""
+    under 1 MB on average: a cap 4x larger and at least 4x the median bucket (at most
+    100 MB; none when no such cap merges buckets, `fewer_buckets`) is assumed to remove 25%
+    of the exposed time. From 10% a bf16 compression hook is offered too."""
     d = ctx.ddp
     exposed = ctx.exposed_transfer()
     if not d or exposed < DDP_BUCKET_SIZE_MIN:
@@ -577,12 +608,16 @@ def ddp_bucket_size(ctx: RuleContext) -> list[Finding]:
                       "pass (at most that share of the compute)")
     elif (mean_bytes is not None and mean_bytes < DDP_BUCKET_SIZE_SMALL_BYTES
           and len(sizes) > DDP_BUCKET_SIZE_MANY):
-        new_cap = min(DDP_BUCKET_SIZE_MAX_CAP_MB, cap * DDP_BUCKET_SIZE_GROW)
+        new_cap, packed = fewer_buckets(sizes, cap)
+        if packed is None:
+            return []  # no cap up to the largest offered gives fewer buckets
         why = f"many small all-reduces (mean {mean_bytes / 2**10:.0f} KB): latency-bound"
         saving = _bounded(exposed * DDP_BUCKET_SIZE_FEWER_CALLS, exposed)
         assumption = (f"{DDP_BUCKET_SIZE_GROW}x fewer, larger all-reduces remove {DDP_BUCKET_SIZE_FEWER_CALLS:.0%} "
                       "of the exposed communication (their per-call latency)")
         evidence.append(f"{sum(c.calls for c in ar)} all-reduces in the window, mean {mean_bytes / 2**10:.0f} KB")
+        evidence.append(f"bucket_cap_mb={new_cap:.3g} packs these {len(sizes)} buckets into {packed} "
+                        "(DDP closes a bucket once it reaches the cap)")
     else:
         return []
     evidence += _window_basis(ctx)

@@ -244,3 +244,26 @@ BOUNDS = [
 def test_a_saving_never_exceeds_the_time_it_removes(lever: str, a: Analysis, removes: float, saving: float) -> None:
     f = levers(a)[lever]
     assert f.est_saving_pct == saving and saving <= removes
+
+
+def test_the_advised_bucket_cap_changes_the_buckets() -> None:
+    """The tiny_buckets scenario: 24 weights of 256x256 fp32 (256 KB, with their bias) at
+    bucket_cap_mb=0.05, each in a bucket of its own. 4x the cap (0.2 MB) leaves every bucket
+    as it is (measured: no change); the cap must be 4x the bucket (1 MB), which packs them
+    4 by 4: 6 buckets of four layers and the head's, 7."""
+    from dataclasses import replace
+
+    from factories import collective, ddp
+    from pardiag.analyzers.levers import fewer_buckets, packed_buckets
+
+    layer = 256 * 256 * 4 + 256 * 4
+    sizes = [layer] * 24 + [256 * 10 * 4 + 40]
+    assert packed_buckets(sizes, 0.05) == packed_buckets(sizes, 0.2) == 25
+    assert fewer_buckets(sizes, 0.05) == (1.0, 7)
+    assert fewer_buckets([200 * 2**20] * 12, 25.0) == (100, None)  # no cap offered merges them: no advice
+    tiny = dict(ddp(), bucket_cap_mb=0.05, bucket_sizes_bytes=sizes)
+    ar = replace(collective(calls=75), bytes=75 * layer)
+    f = levers(analysis([rank(0, compute=0.6, comm_exposed=0.2), rank(1, compute=0.6, comm_exposed=0.2)],
+                        {"ddp": [tiny]}, collectives=[ar]))["ddp_bucket_size"]
+    assert "bucket_cap_mb=1," in f.action["code"] and f.title.endswith("try bucket_cap_mb=1")
+    assert "bucket_cap_mb=1 packs these 25 buckets into 7 (DDP closes a bucket once it reaches the cap)" in f.evidence
