@@ -48,13 +48,16 @@ import numpy as np
 from pardiag.analyzers.collectives import _key, clock_offsets, end_times
 from pardiag.analyzers.kernels import KernelKind, event_kinds
 from pardiag.analyzers.rank_trace import (
-    BACKWARD, BACKEND_PREFIXES, DATALOADER, OPTIMIZER, SYNC_CALLS, CollectiveCall, StepSpan,
-    collective_calls, profiled_steps)
+    BACKWARD, BACKEND_PREFIXES, CPU_GEMM, DATALOADER, GEMM, OPTIMIZER, SYNC_CALLS, CollectiveCall, StepSpan,
+    collective_calls, gemm_dtype, profiled_steps)
 from pardiag.analyzers.trace import Trace
 
 WAIT_TOL_US = 250.0
 """A gap or sync call that ends this soon after something ends is a wait for it (the
 thread's wake-up after a collective or a device sync takes tens of microseconds)."""
+WAKE_MAX_US = 5000.0
+"""A gap in which the last member of a collective arrived, ending at most this long after
+the collective completed, waited for it (the rest is the thread's wake-up)."""
 MAX_ERROR = 0.08
 """Replay error above which replay-based estimates are refused (the issue's bound per run)."""
 TARGET_MEDIAN_ERROR = 0.03
@@ -87,6 +90,8 @@ class Node:
     done: float | None = None  # collectives: when it completed (measured)
     name: str = ""
     step: int | None = None
+    gemm: float = 0.0  # matrix multiplies/convolutions inside it (host work on CPU; a GEMM kernel: all)
+    bytes: int | None = None  # collectives: the message size, when the trace says
 
 
 @dataclass
@@ -140,13 +145,62 @@ class ScaleCompute:
 
 @dataclass(frozen=True)
 class RemoveInputWait:
-    """The DataLoader's time cut to its fastest fetch on the rank (a batch that was
-    ready: what more loader workers give)."""
+    """Input waits shortened. Without ``workers``: each DataLoader fetch cut to the rank's
+    quickest (a batch that was ready). With ``workers`` (the loader then has that many
+    worker processes, prefetching): a batch that took F to load in the loop is ready after
+    F / workers, in parallel with the rest of the step R, so the loop waits
+    max(0, F / workers - R) (the hand-over of a ready batch taken as free, the workers as
+    having CPUs of their own)."""
 
+    ranks: tuple[int, ...] | None = None
+    workers: int | None = None
+
+
+@dataclass(frozen=True)
+class ScaleGemm:
+    """Matrix multiplies and convolutions divided by ``speedup`` (a lower precision's
+    speed-up at the job's shapes): their time inside host work on a CPU; on a GPU the
+    GEMM kernels of the precisions in ``dtypes`` (``rank_trace.gemm_dtype``)."""
+
+    speedup: float
+    dtypes: tuple[str, ...] = ("fp32", "tf32", "unknown")
     ranks: tuple[int, ...] | None = None
 
 
-Edit = Straggler | RemoveHostGaps | CollectivesAtTransfer | ScaleCompute | RemoveInputWait
+@dataclass(frozen=True)
+class ScalePhase:
+    """Host work of one phase (forward, backward, optimizer, dataloader, other) scaled by
+    ``factor`` on the ranks given (all when None): e.g. the profiler's inflation of that
+    phase taken out."""
+
+    phase: str
+    factor: float
+    ranks: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Accumulate:
+    """``k`` micro-batches per optimizer step (gradient accumulation), per micro-batch:
+    the gradient collectives and the optimizer run once every ``k`` micro-batches, so
+    each lasts 1/k of its time."""
+
+    k: int
+
+
+@dataclass(frozen=True)
+class RegroupBuckets:
+    """DDP's gradient all-reduces of each step regrouped under a bucket cap of
+    ``cap_bytes``: consecutive calls of a step merge while their sizes fit (as DDP packs
+    gradients in ready order), each merged call issued when its last part was and lasting
+    ``alpha_us + bytes * beta_us_per_byte`` (the job's own latency/bandwidth curve)."""
+
+    cap_bytes: int
+    alpha_us: float
+    beta_us_per_byte: float
+
+
+Edit = (Straggler | RemoveHostGaps | CollectivesAtTransfer | ScaleCompute | RemoveInputWait | ScaleGemm
+        | Accumulate | RegroupBuckets | ScalePhase)
 
 
 # ------------------------------------------------------------------------------ results
@@ -278,6 +332,22 @@ def _union(starts: Iterable[float], ends: Iterable[float]) -> list[tuple[float, 
     return out
 
 
+def _covered(ivs: list[tuple[float, float]], starts: list[float], cum: list[float], a: float, b: float) -> float:
+    """How much of [a, b] the sorted, disjoint intervals ``ivs`` cover (``cum``: their
+    running total lengths)."""
+    i = bisect.bisect_right(starts, a) - 1
+    j = bisect.bisect_left(starts, b)
+    if i < 0:
+        i = 0
+    total = cum[j] - cum[i]  # whole intervals i..j-1
+    if i < j:
+        s0, e0 = ivs[i]
+        total -= max(0.0, min(e0, a) - s0)  # the part of the first before a
+        s1, e1 = ivs[j - 1]
+        total -= max(0.0, e1 - max(s1, b))  # the part of the last after b
+    return max(total, 0.0)
+
+
 def _inside(ivs: list[tuple[float, float]], starts: list[float], t: float) -> bool:
     i = bisect.bisect_right(starts, t) - 1
     return i >= 0 and ivs[i][0] <= t < ivs[i][1]
@@ -342,7 +412,7 @@ class _RankBuilder:
                 taken += 1
             nid = self.add(COLL, f"thread {tid_at.get(round(c.start_us, 3), 'comm')}", "comm", c.start_us,
                            c.start_us + c.dur_us, key=k, name=f"{c.op} {c.process_group}", step=c.step,
-                           group_size=c.group_size)
+                           group_size=c.group_size, bytes=c.bytes)
             out.append((nid, issue))
         return out
 
@@ -364,12 +434,15 @@ class _RankBuilder:
             if call is not None:
                 c, k = call
                 nid = self.add(COLL, stream, "comm", c.start_us, c.start_us + c.dur_us, key=k,
-                               name=f"{c.op} {c.process_group}", step=c.step, group_size=c.group_size)
+                               name=f"{c.op} {c.process_group}", step=c.step, group_size=c.group_size,
+                               bytes=c.bytes)
             else:
                 kind = kinds[i]
                 phase = "comm" if kind == KernelKind.COMMUNICATION else (
                     "compute" if kind == KernelKind.COMPUTATION else "memory")
-                nid = self.add(KERNEL, stream, phase, s, s + float(g.dur_us[i]), name=t.names[g.name_id[i]])
+                name = t.names[g.name_id[i]]
+                nid = self.add(KERNEL, stream, phase, s, s + float(g.dur_us[i]), name=name,
+                               gemm=float(g.dur_us[i]) if phase == "compute" and GEMM.search(name) else 0.0)
             if g.correlation[i] >= 0:
                 by_corr[int(g.correlation[i])] = nid
         for c, k in pending.values():  # no kernel found at its start: a local op of its measured length
@@ -390,6 +463,10 @@ class _RankBuilder:
         step_ids = _ids(names, re.compile(r"^ProfilerStep#"))
         not_step = ~np.isin(nid, step_ids)
         busy = _union(s[not_step].tolist(), e[not_step].tolist())
+        gm = np.isin(nid, _ids(names, CPU_GEMM)) if not len(t.gpu) else np.zeros(len(nid), bool)
+        gemm_ivs = _union(s[gm].tolist(), e[gm].tolist())
+        gemm_starts = [a for a, _ in gemm_ivs]
+        gemm_cum = np.concatenate([[0.0], np.cumsum([b - a for a, b in gemm_ivs])]).tolist()
         layers = []
         for pat in (DATALOADER, OPTIMIZER, BACKWARD):
             m = np.isin(nid, _ids(names, pat))
@@ -445,7 +522,11 @@ class _RankBuilder:
                          else "forward" if j < 0 or mid < last_bwd[j] else "other")
             if stream == "host" and _inside(self.sync_ivs, sync_starts, mid):
                 kind = SYNC
-            n = self.add(kind, stream, phase, a, b, step=step)
+            extra: dict[str, object] = {}
+            if kind == WORK:
+                if gemm_ivs:
+                    extra["gemm"] = _covered(gemm_ivs, gemm_starts, gemm_cum, a, b)
+            n = self.add(kind, stream, phase, a, b, step=step, **extra)
             if step is not None and step not in first_of_step:
                 first_of_step[step] = n
             if kind != GAP:
@@ -525,9 +606,17 @@ class _RankBuilder:
                 for c in coll_ids if node.measured_end - node.measured_start >= WAIT_TOL_US else ():
                     cn = nodes[c]
                     last = last_arrival[c]
-                    if (cn.measured_start < g_end < cn.measured_end and node.measured_start < last <= g_end
+                    if (cn.measured_start < g_end < cn.measured_end and last <= g_end
                             and g_end - last <= post[c] + WAIT_TOL_US and (best is None or g_end > best[0])):
                         best = (g_end, c)
+                        continue
+                    done = last + post[c]  # the quickest member's end after the last arrival
+                    # the last member arrived during the gap, which ended within a wake-up of
+                    # the collective's completion: the thread was blocked on it (a busy CPU
+                    # can take milliseconds to run the woken thread)
+                    if (node.measured_start < last and done <= g_end <= done + WAKE_MAX_US
+                          and cn.measured_start < g_end and (best is None or done > best[0])):
+                        best = (done, c)
                 if best is None:
                     continue
                 e, m = best
@@ -670,10 +759,35 @@ def _apply(model: Model, edits: Sequence[Edit]) -> tuple[list[float], bool]:
                 if not fetches:
                     continue
                 fastest = min(sum(nodes[i].dur for i in f) for f in fetches)
+                steps = model.measured_steps.get(r, {})
                 for f in fetches:
                     total = sum(nodes[i].dur for i in f)
+                    if ed.workers:
+                        step = steps.get(nodes[f[0]].step) if nodes[f[0]].step is not None else None
+                        rest = max((step or total) - total, 0.0)
+                        target = max(total / ed.workers - rest, 0.0)
+                    else:
+                        target = fastest
                     for i in f:
-                        dur[i] = dur[i] * fastest / total if total > 0 else 0.0
+                        dur[i] = dur[i] * target / total if total > 0 else 0.0
+        elif isinstance(ed, ScaleGemm):
+            rs = ranks_of(ed.ranks)
+            for i, n in enumerate(nodes):
+                if n.rank in rs and n.gemm > 0 and ed.speedup > 0 and (
+                        n.kind != KERNEL or gemm_dtype(n.name) in ed.dtypes):
+                    dur[i] = max(dur[i] - n.gemm * (1 - 1 / ed.speedup), 0.0)
+        elif isinstance(ed, Accumulate):
+            k = max(int(ed.k), 1)
+            for i, n in enumerate(nodes):
+                if n.kind == COLL or (n.kind == WORK and n.phase == "optimizer"):
+                    dur[i] /= k
+        elif isinstance(ed, RegroupBuckets):
+            _regroup(model, ed, dur)
+        elif isinstance(ed, ScalePhase):
+            rs = ranks_of(ed.ranks)
+            for i, n in enumerate(nodes):
+                if n.rank in rs and n.kind == WORK and n.phase == ed.phase:
+                    dur[i] *= ed.factor
         elif isinstance(ed, Straggler):
             peers = [r for r in model.origin if r != ed.rank]
             if not peers or ed.rank not in model.origin:
@@ -687,6 +801,34 @@ def _apply(model: Model, edits: Sequence[Edit]) -> tuple[list[float], bool]:
                 if mine.get(ph, 0.0) > 0:
                     dur[i] *= statistics.median(t.get(ph, 0.0) for t in theirs) / mine[ph]
     return dur, no_sync
+
+
+def _regroup(model: Model, ed: RegroupBuckets, dur: list[float]) -> None:
+    """``RegroupBuckets``: per rank and step, the backward's all-reduces on each collective
+    stream packed in issue order under the cap; every call but the last of a pack lasts
+    nothing, the last one the curve's time for the pack's bytes."""
+    nodes = model.nodes
+    for (_r, stream), ids in model.streams.items():
+        if stream.startswith("host"):
+            continue
+        by_step: dict[int | None, list[int]] = defaultdict(list)
+        for i in ids:
+            n = nodes[i]
+            if n.kind == COLL and n.name.startswith("all_reduce") and n.bytes:
+                by_step[n.step].append(i)
+        for calls in by_step.values():
+            pack: list[int] = []
+            size = 0
+            for i in calls + [-1]:
+                b = nodes[i].bytes or 0 if i >= 0 else 0
+                if pack and (i < 0 or size + b > ed.cap_bytes):
+                    for j in pack[:-1]:
+                        dur[j] = 0.0
+                    dur[pack[-1]] = ed.alpha_us + size * ed.beta_us_per_byte
+                    pack, size = [], 0
+                if i >= 0:
+                    pack.append(i)
+                    size += b
 
 
 def _fetches(nodes: list[Node], ids: list[int]) -> list[list[int]]:
@@ -845,23 +987,31 @@ def load_run(path: str) -> Model:
 
     from pardiag.analysis import Notice
     from pardiag.analyzers.pipeline import find_inputs
-    from pardiag.analyzers.trace import TraceError, load_trace, trace_head
     from pardiag.errors import UserError
 
     notices: list[Notice] = []
     _run, inputs = find_inputs(Path(path), notices)
-    found = [i for i in inputs if i.trace is not None]
+    found = [(i.rank, i.trace, i.trace_complete) for i in inputs if i.trace is not None]
     if not found:
         raise UserError(f"{path}: no trace to replay")
-    try:
-        traces = {i.rank: load_trace(i.trace) for i in found if i.trace is not None}
-    except TraceError as exc:
-        raise UserError(str(exc)) from None
-    hosts = {i.rank: _host_of(trace_head(i.trace)) for i in found if i.trace is not None}
-    model = build_model(traces, incomplete=[i.rank for i in found if not i.trace_complete],
-                        hosts=hosts if all(hosts.values()) else None)
+    model = model_of(found)
     model.notices[:0] = [n.message for n in notices]
     return model
+
+
+def model_of(found: Sequence[tuple[int, object, bool]]) -> Model:
+    """The model of the given (rank, trace path, complete) traces. Raises ``UserError``
+    for an unreadable trace."""
+    from pardiag.analyzers.trace import TraceError, load_trace, trace_head
+    from pardiag.errors import UserError
+
+    try:
+        traces = {r: load_trace(p) for r, p, _ in found}  # type: ignore[arg-type]
+    except TraceError as exc:
+        raise UserError(str(exc)) from None
+    hosts = {r: _host_of(trace_head(p)) for r, p, _ in found}  # type: ignore[arg-type]
+    return build_model(traces, incomplete=[r for r, _, complete in found if not complete],
+                       hosts=hosts if all(hosts.values()) else None)
 
 
 def _host_of(head: Mapping[str, object]) -> str | None:
