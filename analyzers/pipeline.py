@@ -10,7 +10,7 @@ import re
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from pardiag import rundir
 from pardiag.analysis import Analysis, GpuTime, Notice, RankResult, StepTime
@@ -221,7 +221,7 @@ def analyze_path(
     from pardiag.analyzers.rules import advise
     from pardiag.analyzers.summary import build_summary
 
-    return advise(Analysis(
+    advised = advise(Analysis(
         hang=hang,
         hta=hta,
         nccl=nccl,
@@ -236,6 +236,38 @@ def analyze_path(
         notices=notices,
         summary=build_summary(ranks, step_records if run is not None else None),
     ), nccl=nccl_report, telemetry=telemetry)
+    return _estimates(advised, inputs, step_records, run, notices)
+
+
+REPLAY_MAX_BYTES = 1 << 30
+"""Traces larger than this in all (on disk) are not replayed: the estimates stay share-based."""
+
+
+def _estimates(a: Analysis, inputs: Sequence[RankInput], step_records: Mapping[int, Sequence[StepRecord]],
+               run: rundir.RunDir | None, notices: list[Notice]) -> Analysis:
+    """Replay-based estimates (analyzers/estimates.py); share-based ones, with a notice,
+    when the window cannot be replayed."""
+    from pardiag.analyzers import estimates, replay
+
+    found = [(i.rank, i.trace, i.trace_complete) for i in inputs if i.trace is not None]
+    size = sum(Path(p).stat().st_size for _, p, _ in found if Path(p).exists())
+    model: replay.Model | None = None
+    if not found:
+        return estimates.apply(a, estimates.Inputs(None, step_records))
+    if size > REPLAY_MAX_BYTES:
+        notices.append(Notice("info", f"replay left out: {size / 2**30:.1f} GiB of traces (more than "
+                                      f"{REPLAY_MAX_BYTES / 2**30:.0f} GiB); estimates are share-based"))
+    else:
+        try:
+            model = replay.model_of(found)
+        except Exception as e:  # one model's failure must not take the analysis down
+            notices.append(Notice("warning", f"replay left out: {type(e).__name__}: {e}; estimates are share-based"))
+    gemm, comm = estimates.run_factors(run, a, notices)
+    try:
+        return estimates.apply(a, estimates.Inputs(model, step_records, gemm, comm))
+    except Exception as e:
+        notices.append(Notice("warning", f"replay estimates failed: {type(e).__name__}: {e}; estimates are share-based"))
+        return estimates.apply(a, estimates.Inputs(None, step_records))
 
 
 def _nccl(

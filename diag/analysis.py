@@ -156,6 +156,7 @@ class Finding:
     ranks: list[int]
     est_saving_pct: float | None
     action: dict[str, Any]
+    estimate: dict[str, Any] | None = None  # how est_saving_pct was made (analyzers/estimates.py)
 
     # No check here: an analysis.json written by a newer pardiag, with a lever id this one
     # does not know, still loads. Rules are held to the vocabulary by the registry
@@ -243,6 +244,7 @@ class Analysis:
     what_if: WhatIf | None = None  # projected step time if the findings were applied
     hang: Hang | None = None  # from pardiag's records: who timed out in which collective, who never arrived
     summary: Summary | None = None  # None only while constructing: filled in from the ranks
+    critical_path: dict[str, Any] | None = None  # what the median step waited on (analyzers/estimates.py)
 
     def __post_init__(self) -> None:
         # An Analysis built without a summary (by hand, or a schema-1 file) gets the one
@@ -336,6 +338,7 @@ def from_dict(doc: Mapping[str, Any], source: str = "analysis") -> Analysis:
         what_if=what_if_from_dict(doc.get("what_if")),
         hang=hang_from_dict(doc["hang"]) if doc.get("hang") else None,
         summary=_summary(doc["summary"]) if "summary" in doc else None,  # None: computed from the ranks
+        critical_path=doc.get("critical_path") or None,
     )
     if v < 2:
         from pardiag.analyzers.summary import readvise

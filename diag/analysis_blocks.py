@@ -323,6 +323,9 @@ class WhatIf:
     all_step_us: float
     all_saving_pct: float
     assumption: str
+    method: str | None = None  # "replay": all_* from one replay of every change; "share": a product of savings
+    replay_error_pct: float | None = None
+    refused: str | None = None  # why the replay was not used
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,0 +1,309 @@
+"""Replay-based savings: each finding's change as edits of the replay model
+(analyzers/replay.py), its saving the step the edited window replays to against the
+step the unedited one replays to, and all findings' changes together in ONE replay.
+
+A finding's rule (analyzers/levers.py) first gives the older estimate, a share of the
+step times a constant (``Finding.estimate.method`` "share"). When the replay reproduces
+the measured steps (error at most ``replay.MAX_ERROR``) and the lever has a replay
+form, the replay's figure replaces it ("replay"): the estimate records the edits in
+words, the factors they used (measured, with where from, or assumed, labelled), and
+the replay's error. A refused replay keeps the share estimate and says why.
+
+Levers and their edits:
+
+* straggler -> ``Straggler(rank)``: the rank's operations at its peers' median;
+* dataloader -> ``RemoveInputWait``: every fetch as quick as the rank's quickest;
+* mixed_precision -> ``ScaleGemm(speedup)``: the GEMM time inside the window divided by
+  the speed-up measured at the job's own shapes after the job (factors/gemm.json), or
+  the rule's constant, labelled an assumption, when nothing was measured;
+* gradient_accumulation -> ``Accumulate(k)``: gradient collectives and the optimizer
+  once per k micro-batches;
+* ddp_bucket_size -> ``RegroupBuckets(cap)``: the step's all-reduces packed under the
+  advised cap, each pack timed by the job's latency/bandwidth curve (a fit of its own
+  calls, or the sweep after the job); without a curve, no replay form.
+
+Profiler correction: when profiled steps' phases (forward, backward, optimizer, input)
+took longer than the same phases of unprofiled steps (steps.jsonl, the undisturbed
+steps; `StepRecord` phase times), the replay shortens that phase's host work by the
+measured ratio (``ScalePhase``) before the edits, for the baseline and the edited replay
+alike. A phase that waits inside it (a backward that ends on DDP's all-reduce) shows less
+inflation than its compute had: the correction is then too small, never too large.
+
+The saving is ``1 - S(edited) / S(baseline)``, S the median over the window's steps of
+the job's step (per step the slowest rank).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, replace
+from typing import Any, Mapping, Sequence
+
+from pardiag.analysis import Analysis, Finding
+from pardiag.analysis_blocks import WhatIf, WhatIfRow
+from pardiag.analyzers import replay as rp
+from pardiag.analyzers.levers import (
+    CPU_BF16_SPEEDUP, GRADIENT_ACCUMULATION_STEPS, PRECISION_SPEEDUP, SAVING_LOW, rank_key)
+from pardiag.step_records import StepRecord, counted
+
+PROFILER_NOISE = 1.05
+"""A phase's profiled/unprofiled ratio under this is noise: no correction."""
+PHASES = ("forward", "backward", "optimizer", "dataloader")  # replay phases that are also step signals
+MIN_STEPS = 3  # unprofiled steps needed per rank for a correction
+
+
+@dataclass(frozen=True)
+class Factor:
+    """A number an estimate used: measured (with what was timed, where) or assumed."""
+
+    name: str
+    value: float
+    unit: str
+    source: str
+    measured: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "value": round(self.value, 4), "unit": self.unit, "source": self.source,
+                "measured": self.measured}
+
+
+@dataclass(frozen=True)
+class GemmSpeedup:
+    """A lower precision's measured GEMM speed-up (factors/gemm.json)."""
+
+    speedup: float
+    source: str
+
+
+@dataclass(frozen=True)
+class CommCurve:
+    """An all-reduce's time as alpha + bytes * beta."""
+
+    alpha_us: float
+    beta_us_per_byte: float
+    source: str
+    measured: bool = True
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the estimates read besides the Analysis."""
+
+    model: rp.Model | None
+    step_records: Mapping[int, Sequence[StepRecord]]
+    gemm: GemmSpeedup | None = None
+    comm: CommCurve | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One finding's change as replay edits."""
+
+    edits: tuple[rp.Edit, ...]
+    words: tuple[str, ...]
+    factors: tuple[Factor, ...]
+
+
+# ------------------------------------------------------------------------------ steps
+def median_step(result: rp.ReplayResult) -> float:
+    """Median over the window's steps of the job's step (per step the slowest rank)."""
+    steps = sorted({s for st in result.replayed_steps.values() for s in st})
+    per = [max(st.get(s, 0.0) for st in result.replayed_steps.values()) for s in steps]
+    return statistics.median(per) if per else 0.0
+
+
+def profiler_correction(records: Mapping[int, Sequence[StepRecord]]) -> tuple[list[rp.ScalePhase], list[str]]:
+    """Per phase, the largest over ranks of the ratio of its median time in profiled steps
+    to its median in unprofiled (counted) steps, when over ``PROFILER_NOISE``: an edit that
+    divides that phase's host work by it on every rank; and one line saying so. The
+    largest, because time a phase waits inside it (a backward that ends on DDP's
+    all-reduce, a fast rank waiting for a slow one) is not inflated and dilutes the ratio:
+    the least diluted rank shows best what the profiler added to the phase's work."""
+    ratios: dict[str, float] = {}
+    for _rank, recs in sorted(records.items()):
+        plain = [r for r in recs if counted(r)]
+        prof = [r for r in recs if r.profiler == "active"]
+        if len(plain) < MIN_STEPS or not prof:
+            continue
+        for phase in PHASES:
+            a = [v for r in plain if (v := r.get(phase))]
+            b = [v for r in prof if (v := r.get(phase))]
+            if len(a) < MIN_STEPS or not b:
+                continue
+            ratio = statistics.median(b) / statistics.median(a)
+            if ratio > PROFILER_NOISE:
+                ratios[phase] = max(ratios.get(phase, 0.0), ratio)
+    if not ratios:
+        return [], []
+    edits = [rp.ScalePhase(p, 1 / x) for p, x in ratios.items()]
+    return edits, ["profiler inflation taken out of the replay (phase time in profiled over unprofiled steps, "
+                   "median, the largest rank's): " + ", ".join(f"{p} {x:.2f}x" for p, x in ratios.items())]
+
+
+# ------------------------------------------------------------------------------ factors
+def run_factors(run: Any, a: Analysis, notices: list[Any]) -> tuple[GemmSpeedup | None, CommCurve | None]:
+    """The factors measured for this run (factors/ in the run directory; the curve also
+    from the run's own all-reduces), None for what was not measured."""
+    if run is None:
+        return None, None
+    from pardiag.analyzers import factors
+
+    gemm = comm = None
+    g = factors.gemm_factor(run.path)
+    if g is not None and g.speedup and g.speedup > 0:
+        gemm = GemmSpeedup(g.speedup, g.source)
+    c = factors.comm_curve(run.path, a.collectives)
+    if c is not None:
+        comm = CommCurve(c.alpha_us, c.beta_us_per_byte, c.source)
+    return gemm, comm
+
+
+# ------------------------------------------------------------------------------ plans
+def plan(f: Finding, a: Analysis, inputs: Inputs) -> Plan | None:
+    """The edits that stand for finding ``f``'s change; None when the lever has no replay
+    form (or lacks what it needs)."""
+    lever = f.lever
+    if lever == "straggler" and f.ranks:
+        return Plan(tuple(rp.Straggler(r) for r in f.ranks),
+                    tuple(f"rank {r}'s operations at its peers' median" for r in f.ranks), ())
+    if lever == "dataloader" and f.est_saving_pct is not None:
+        w = _advised(f, "num_workers")
+        if isinstance(w, int) and w > 0:
+            return Plan((rp.RemoveInputWait(workers=w),),
+                        (f"input loaded by {w} workers in parallel with the rest of the step",), ())
+        return Plan((rp.RemoveInputWait(),), ("every input fetch as quick as the rank's quickest",), ())
+    if lever == "mixed_precision":
+        on_gpu = any(r.device_type == "cuda" for r in a.ranks)
+        if inputs.gemm is not None:
+            fac = Factor("GEMM speed-up in the lower precision", inputs.gemm.speedup, "x", inputs.gemm.source, True)
+            return Plan((rp.ScaleGemm(inputs.gemm.speedup),),
+                        (f"matrix multiplies {inputs.gemm.speedup:.2g}x faster",), (fac,))
+        if on_gpu:
+            f32, t32 = PRECISION_SPEEDUP["fp32"], PRECISION_SPEEDUP["tf32"]
+            return Plan((rp.ScaleGemm(f32, ("fp32",)), rp.ScaleGemm(t32, ("tf32", "unknown"))),
+                        (f"fp32 GEMM kernels {f32:g}x, TF32 {t32:g}x faster",),
+                        (Factor("fp32 GEMM speed-up", f32, "x", "assumed: half the bf16/fp32 peak ratio", False),
+                         Factor("TF32 GEMM speed-up", t32, "x", "assumed: half the bf16/TF32 peak ratio", False)))
+        return Plan((rp.ScaleGemm(CPU_BF16_SPEEDUP),), (f"matrix multiplies {CPU_BF16_SPEEDUP:g}x faster",),
+                    (Factor("GEMM speed-up in bf16", CPU_BF16_SPEEDUP, "x",
+                            "assumed: nothing was measured after the job", False),))
+    if lever == "gradient_accumulation":
+        k = GRADIENT_ACCUMULATION_STEPS
+        return Plan((rp.Accumulate(k),), (f"gradient all-reduces and the optimizer once per {k} micro-batches",), ())
+    if lever == "ddp_bucket_size" and inputs.comm is not None:
+        cap = _advised_cap(f)
+        if cap is None:
+            return None
+        c = inputs.comm
+        fac = Factor("all-reduce latency", c.alpha_us, "us", c.source, c.measured)
+        fac2 = Factor("all-reduce time per MB", c.beta_us_per_byte * 2**20, "us/MB", c.source, c.measured)
+        return Plan((rp.RegroupBuckets(int(cap * 2**20), c.alpha_us, c.beta_us_per_byte),),
+                    (f"each step's all-reduces packed under bucket_cap_mb={cap:.3g}, each pack "
+                     f"{c.alpha_us:.0f} us + {c.beta_us_per_byte * 2**20:.0f} us/MB",), (fac, fac2))
+    return None
+
+
+def _advised(f: Finding, key: str) -> Any:
+    """The value the finding's action sets for keyword ``key`` (None when it sets none)."""
+    for s in (f.action or {}).get("settings") or []:
+        if isinstance(s, dict) and key in (s.get("kwargs") or {}):
+            return s["kwargs"][key]
+    return None
+
+
+def _advised_cap(f: Finding) -> float | None:
+    v = _advised(f, "bucket_cap_mb")
+    return float(v) if isinstance(v, (int, float)) and v > 0 else None
+
+
+# ------------------------------------------------------------------------------ apply
+def _share_estimate(f: Finding, refused: str | None) -> dict[str, Any]:
+    return {"method": "share", "saving_pct": f.est_saving_pct, "share_saving_pct": f.est_saving_pct,
+            "replay_error_pct": None, "refused": refused, "edits": [], "factors": []}
+
+
+def apply(a: Analysis, inputs: Inputs) -> Analysis:
+    """The Analysis with replay-based estimates on the findings that have a replay form,
+    the what-if from one replay of all of them, and the critical path."""
+    model = inputs.model
+    if model is None or not model.groups and len(model.origin) > 1 or not model.origin:
+        why = "no replay model of the window" if model is None or not model.origin else None
+        return _shares_only(a, why)
+    base_raw = rp.replay(model)
+    refused = base_raw.refusal()
+    path = base_raw.median_path()
+    crit = critical_path_dict(path, base_raw) if path is not None and refused is None else None
+    if refused is not None:
+        return replace(_shares_only(a, refused), critical_path=crit)
+    correction, corr_words = profiler_correction(inputs.step_records)
+    base = rp.replay(model, correction)
+    b = median_step(base)
+    err = round(100 * base_raw.error, 1)
+    findings: list[Finding] = []
+    all_edits: list[rp.Edit] = []
+    rows: list[WhatIfRow] = []
+    job_step = a.job_summary.step_p50_us or 0.0
+    for f in a.findings:
+        p = plan(f, a, inputs)
+        if p is None and f.est_saving_pct is None:
+            findings.append(f)
+            continue
+        if p is None or b <= 0:
+            findings.append(replace(f, estimate=_share_estimate(f, None if p is None else "no replayed step")))
+            continue
+        s = median_step(rp.replay(model, correction + list(p.edits)))
+        saving = max(0.0, 1 - s / b)
+        pct = round(100 * saving, 1)
+        est = {"method": "replay", "saving_pct": pct, "share_saving_pct": f.est_saving_pct,
+               "replay_error_pct": err, "refused": None, "edits": list(p.words) + corr_words,
+               "factors": [x.to_dict() for x in p.factors]}
+        sev = f.severity
+        if saving < SAVING_LOW and sev != "low":
+            sev = "low"
+        findings.append(replace(f, est_saving_pct=pct, severity=sev, estimate=est))
+        all_edits.extend(p.edits)
+        if job_step > 0:
+            rows.append(WhatIfRow(lever=f.lever, title=f.title, step_us=job_step * (1 - saving), saving_pct=pct))
+    findings.sort(key=rank_key)
+    what = a.what_if
+    if all_edits and job_step > 0:
+        s_all = median_step(rp.replay(model, correction + all_edits))
+        together = max(0.0, 1 - s_all / b)
+        share_rows = [r for r in (what.findings if what else []) if r.lever not in {x.lever for x in rows}]
+        what = WhatIf(step_us=job_step, findings=rows + share_rows, all_step_us=job_step * (1 - together),
+                      all_saving_pct=round(100 * together, 1),
+                      assumption="replayed: the window re-timed with every finding's change at once "
+                                 "(not a product of savings)" + (
+                                     "; findings without a replay form left out of the total" if share_rows else ""),
+                      method="replay", replay_error_pct=err, refused=None)
+    elif what is not None:
+        what = replace(what, method="share", replay_error_pct=err, refused=None)
+    return replace(a, findings=findings, what_if=what, critical_path=crit)
+
+
+def _shares_only(a: Analysis, why: str | None) -> Analysis:
+    findings = [replace(f, estimate=_share_estimate(f, why)) if f.est_saving_pct is not None else f
+                for f in a.findings]
+    what = replace(a.what_if, method="share", replay_error_pct=None, refused=why) if a.what_if else None
+    return replace(a, findings=findings, what_if=what)
+
+
+PHASE_NAMES = {"host": "host_gap", "comm": "collective"}
+
+
+def critical_path_dict(path: rp.CriticalPath, result: rp.ReplayResult) -> dict[str, Any]:
+    """The median step's critical path as the Analysis' ``critical_path`` block."""
+    by_phase: dict[str, float] = {}
+    for k, v in path.by_phase_us.items():
+        name = PHASE_NAMES.get(k, k)
+        by_phase[name] = round(by_phase.get(name, 0.0) + v, 1)
+    by_coll = {k.split(" ")[0]: 0.0 for k in path.by_collective_us}
+    for k, v in path.by_collective_us.items():
+        by_coll[k.split(" ")[0]] += v
+    top_phase = max(by_phase, key=lambda p: by_phase[p]) if by_phase else None
+    top_coll = max(by_coll, key=lambda c: by_coll[c]) if by_coll else None
+    return {"step": path.step, "rank": path.rank, "path_us": round(sum(path.by_rank_us.values()), 1),
+            "by_rank_us": {str(r): round(v, 1) for r, v in sorted(path.by_rank_us.items())},
+            "by_phase_us": by_phase, "by_collective_us": {k: round(v, 1) for k, v in by_coll.items()},
+            "top_rank": path.top_rank, "top_phase": top_phase, "top_collective": top_coll,
+            "replay_error_pct": round(100 * result.error, 1)}
