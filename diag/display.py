@@ -30,7 +30,7 @@ __all__ = [
     "Headline", "headline", "step_words", "exposed_words", "job_step_words", "no_straggler_words",
     "RANK_VALUE_HEADER", "rank_cells", "percentile_rows", "gpu_split",
     "job_hang", "hang_wait_words", "hang_late_words",
-    "Factor", "Estimate", "estimate_of", "factor_words", "estimate_words", "what_if_method_words",
+    "Factor", "Estimate", "estimate_of", "factor_words", "estimate_words", "what_if_method_words", "what_if_words",
     "CriticalPath", "critical_path_of", "critical_path_rows", "critical_path_words",
 ]
 
@@ -406,6 +406,16 @@ def what_if_method_words(w: WhatIf | None) -> str | None:
     return "share-based" + (f" (replay refused: {clip(w.refused, 160)})" if w.refused else "")
 
 
+def what_if_words(w: WhatIf | None) -> str | None:
+    """'step 200.0 → 164.0 ms (-18%), one replay with every finding's edits (...)': the
+    projection with all findings applied and how it was made; None when the analysis does
+    not say how (older ones: their readers showed no such line)."""
+    method = what_if_method_words(w)
+    if w is None or method is None or not w.step_us or not w.all_step_us:
+        return None
+    return f"step {ms(w.step_us)} → {ms(w.all_step_us)} ms ({_saving(w.all_saving_pct)}), {method}"
+
+
 @dataclass(frozen=True)
 class CriticalPath:
     """What the end of the median step waited on (`Analysis.critical_path`)."""
@@ -473,5 +483,5 @@ def critical_path_words(cp: CriticalPath) -> str:
     if parts:
         text += ": most on " + " · ".join(parts)
     if cp.replay_error_pct is not None:
-        text += f"; replay within {cp.replay_error_pct:.1f}% of the measured step"
+        text += f"; replay within {cp.replay_error_pct:.1f}%"
     return text
