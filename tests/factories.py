@@ -424,7 +424,15 @@ def hostile() -> Analysis:
         process_groups=[ProcessGroup(name=EVIL, desc=EVIL, role="data-parallel", size=2, ranks=[0, 1],
                                      ops={EVIL: 1}, total_us=1.0, wait_us=0.0)],
         findings=[Finding(lever="nccl_env", severity="high", title=EVIL, evidence=[EVIL], ranks=[0],
-                          est_saving_pct=None, action={"code": EVIL, "env": {"NCCL_X": EVIL}, "doc": "javascript:alert(1)"})],
+                          est_saving_pct=None, action={"code": EVIL, "env": {"NCCL_X": EVIL}, "doc": "javascript:alert(1)"}),
+                  Finding(lever="straggler", severity="medium", title="slow rank", evidence=[], ranks=[1],
+                          est_saving_pct=5.0, action={},
+                          estimate={**replay_estimate(), "edits": [EVIL],
+                                    "factors": [{"name": EVIL, "value": 2.0, "unit": EVIL, "source": EVIL, "measured": True}]}),
+                  Finding(lever="sync_points", severity="low", title="syncs", evidence=[], ranks=[0],
+                          est_saving_pct=2.0, action={}, estimate=share_estimate(2.0, refused=EVIL))],
+        critical_path={**critical_path(), "by_collective_us": {EVIL: 19_200.0}, "top_collective": EVIL,
+                       "by_phase_us": {EVIL: 96_000.0}, "top_phase": EVIL},
         notices=[Notice("error", EVIL)],
         nccl=nccl_summary([{"host": EVIL, EVIL: EVIL, "versions": [EVIL]}], warnings=[EVIL], errors=[EVIL],
                           hang=nccl_hang(summary=EVIL)),
@@ -435,6 +443,7 @@ def hostile() -> Analysis:
 
 CASES: dict[str, Callable[[], Analysis]] = {
     "empty": empty_run, "single": single_rank, "crashed": crashed, "cpu": small, "gpu": gpu_run, "512": big,
+    "estimated": estimated,
 }
 
 def slow_rank_job(n: int = 512, slow: int = 300) -> Analysis:
@@ -477,6 +486,7 @@ def slow_rank_job(n: int = 512, slow: int = 300) -> Analysis:
 
 SHAPES: dict[str, Callable[[], Analysis]] = {
     "empty": empty_run, "single": single_rank, "crashed": crashed, "cpu": small, "gpu": gpu_run, "512": big,
+    "estimated": estimated,
 }
 
 
