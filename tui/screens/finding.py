@@ -70,6 +70,8 @@ def estimate(f: Finding) -> RenderableType | None:
     lines = [Text(basis)]
     if e.method == "replay" and e.share_saving_pct is not None:
         lines.append(Text(f"share-based estimate: -{e.share_saving_pct:.0f}%", style="dim"))
+    if e.factors:
+        lines.append(Text("factors:", style="bold"))
     for x in e.factors:
         lines.append(Text.assemble(("• ", "dim"), (factor_words(x, 300), "" if x.measured else "yellow")))
     if e.edits:
