@@ -4,7 +4,9 @@ The job-level figures (median step, exposed communication, the job's step percen
 are read from the Analysis' `summary`, computed once by the analysis, and worded here
 (`headline`, `step_words`, `exposed_words`, `job_step_words`); so are the per-rank
 cells, the percentiles across ranks, the orderings of findings, stragglers,
-collectives and notices, the GPU split and free-form facts. The terminal summary, the
+collectives and notices, the GPU split and free-form facts, where each estimate comes
+from (`estimate_words`, `what_if_words`) and the critical path (`critical_path_words`,
+`critical_path_rows`). The terminal summary, the
 markdown, the HTML and the TUI all take them from here, so they agree. Reads only the
 Analysis; imports nothing heavy.
 """

@@ -338,6 +338,7 @@ def _doc_link(doc: Any) -> str | None:
 
 
 def _finding_view(n: int, f: Finding) -> dict[str, Any]:
+    basis = estimate_of(f)
     code = f.action.get("code") if isinstance(f.action.get("code"), str) else None
     env = f.action.get("env") if isinstance(f.action.get("env"), dict) else None
     return {
@@ -348,7 +349,7 @@ def _finding_view(n: int, f: Finding) -> dict[str, Any]:
         "code": code, "env": action_env_text(env) if env else None, "doc": _doc_link(f.action.get("doc")),
         "assumption": clip(f.action["assumption"], 300) if isinstance(f.action.get("assumption"), str) else None,
         "estimate": estimate_words(f),
-        "edits": [clip(e, 300) for e in e.edits[:20]] if (e := estimate_of(f)) is not None else [],
+        "edits": [clip(edit, 300) for edit in basis.edits[:20]] if basis is not None else [],
     }
 
 
