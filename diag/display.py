@@ -6,9 +6,8 @@ are read from the Analysis' `summary`, computed once by the analysis, and worded
 cells, the percentiles across ranks, the orderings of findings, stragglers,
 collectives and notices, the GPU split and free-form facts, where each estimate comes
 from (`estimate_words`, `what_if_words`) and the critical path (`critical_path_words`,
-`critical_path_rows`). The terminal summary, the
-markdown, the HTML and the TUI all take them from here, so they agree. Reads only the
-Analysis; imports nothing heavy.
+`critical_path_rows`). The terminal summary, the markdown, the HTML and the TUI all
+take them from here, so they agree. Reads only the Analysis; imports nothing heavy.
 """
 
 from __future__ import annotations
