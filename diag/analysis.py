@@ -156,7 +156,11 @@ class Finding:
     ranks: list[int]
     est_saving_pct: float | None
     action: dict[str, Any]
-    estimate: dict[str, Any] | None = None  # how est_saving_pct was made (analyzers/estimates.py)
+    # where est_saving_pct comes from (None: not stated, an older analysis): method
+    # ("replay" | "share"), saving_pct, share_saving_pct, replay_error_pct, refused (why
+    # the replay was not used), edits (one line each) and factors (name, value, unit,
+    # source, measured); `pardiag.display.estimate_of` reads it
+    estimate: dict[str, Any] | None = None
 
     # No check here: an analysis.json written by a newer pardiag, with a lever id this one
     # does not know, still loads. Rules are held to the vocabulary by the registry
@@ -244,7 +248,10 @@ class Analysis:
     what_if: WhatIf | None = None  # projected step time if the findings were applied
     hang: Hang | None = None  # from pardiag's records: who timed out in which collective, who never arrived
     summary: Summary | None = None  # None only while constructing: filled in from the ranks
-    critical_path: dict[str, Any] | None = None  # what the median step waited on (analyzers/estimates.py)
+    # what the end of the median step waited on (None: not computed, an older analysis):
+    # step, rank, path_us, by_rank_us, by_phase_us, by_collective_us, top_rank, top_phase,
+    # top_collective, replay_error_pct; `pardiag.display.critical_path_of` reads it
+    critical_path: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         # An Analysis built without a summary (by hand, or a schema-1 file) gets the one
@@ -294,6 +301,13 @@ def _summary(d: Mapping[str, Any]) -> Summary:
     return _build(Summary, s)
 
 
+def _finding(d: Mapping[str, Any]) -> Finding:
+    f = dict(d)
+    est = f.get("estimate")
+    f["estimate"] = dict(est) if isinstance(est, Mapping) and est else None  # absent: an older pardiag
+    return _build(Finding, f)
+
+
 def upgrade_v1(doc: Mapping[str, Any]) -> dict[str, Any]:
     """Schema 1 to 2, the document part: `summary` did not exist. It is left out here, so
     that the Analysis computes it from the ranks (`computed_from: "ranks"`: the job's step
@@ -332,13 +346,13 @@ def from_dict(doc: Mapping[str, Any], source: str = "analysis") -> Analysis:
         nccl=nccl_from_dict(doc.get("nccl") or {}),
         telemetry=telemetry_from_dict(doc.get("telemetry") or {}),
         scaling=doc.get("scaling"),
-        findings=[_build(Finding, f) for f in doc.get("findings", [])],
+        findings=[_finding(f) for f in doc.get("findings", [])],
         notices=[_build(Notice, n) for n in doc.get("notices", [])],
         hta=doc.get("hta"),
         what_if=what_if_from_dict(doc.get("what_if")),
         hang=hang_from_dict(doc["hang"]) if doc.get("hang") else None,
         summary=_summary(doc["summary"]) if "summary" in doc else None,  # None: computed from the ranks
-        critical_path=doc.get("critical_path") or None,
+        critical_path=dict(cp) if isinstance(cp := doc.get("critical_path"), Mapping) and cp else None,
     )
     if v < 2:
         from pardiag.analyzers.summary import readvise

@@ -323,9 +323,12 @@ class WhatIf:
     all_step_us: float
     all_saving_pct: float
     assumption: str
-    method: str | None = None  # "replay": all_* from one replay of every change; "share": a product of savings
-    replay_error_pct: float | None = None
-    refused: str | None = None  # why the replay was not used
+    # how the figures were projected (None: not stated, an older analysis): "replay", the
+    # profiled window replayed with the findings' edits (all_* from one replay with every
+    # edit together), or "share", a share of the step times a constant
+    method: Literal["replay", "share"] | None = None
+    replay_error_pct: float | None = None  # the replay against the measured step
+    refused: str | None = None  # why the replay was not used (method "share")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

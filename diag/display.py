@@ -4,9 +4,10 @@ The job-level figures (median step, exposed communication, the job's step percen
 are read from the Analysis' `summary`, computed once by the analysis, and worded here
 (`headline`, `step_words`, `exposed_words`, `job_step_words`); so are the per-rank
 cells, the percentiles across ranks, the orderings of findings, stragglers,
-collectives and notices, the GPU split and free-form facts. The terminal summary, the
-markdown, the HTML and the TUI all take them from here, so they agree. Reads only the
-Analysis; imports nothing heavy.
+collectives and notices, the GPU split and free-form facts, where each estimate comes
+from (`estimate_words`, `what_if_words`) and the critical path (`critical_path_words`,
+`critical_path_rows`). The terminal summary, the markdown, the HTML and the TUI all
+take them from here, so they agree. Reads only the Analysis; imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from pardiag.analysis import Analysis, Collective, Finding, GpuTime, Notice, RankResult, StepPercentiles, Straggler
-from pardiag.analysis_blocks import Hang, HangLate, HangWait
+from pardiag.analysis_blocks import Hang, HangLate, HangWait, WhatIf
 from pardiag.analyzers.steps import percentile
 from pardiag.manifest import rank_ranges
 from pardiag.style import CATEGORY_LABELS
@@ -30,6 +31,8 @@ __all__ = [
     "Headline", "headline", "step_words", "exposed_words", "job_step_words", "no_straggler_words",
     "RANK_VALUE_HEADER", "rank_cells", "percentile_rows", "gpu_split",
     "job_hang", "hang_wait_words", "hang_late_words",
+    "Factor", "Estimate", "estimate_of", "factor_words", "estimate_words", "what_if_method_words", "what_if_words",
+    "CriticalPath", "critical_path_of", "critical_path_rows", "critical_path_words",
 ]
 
 MAX_TEXT = 200  # characters kept of any one string that came from a trace or a command line
@@ -294,3 +297,192 @@ def hang_wait_words(w: HangWait, limit: int = 120) -> str:
 def hang_late_words(x: HangLate) -> str:
     """One rank that never arrived, and why it is named."""
     return f"rank {x.rank} {x.reason}"
+
+
+# -- where an estimate comes from, and the critical path ---------------------------------------
+# Both blocks are plain dicts in the Analysis (a newer pardiag may write more keys); they are
+# read here, once, into the shapes below: a value of the wrong type reads as unknown.
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _int(v: Any) -> int | None:
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _str(v: Any) -> str | None:
+    return v if isinstance(v, str) and v.strip() else None
+
+
+@dataclass(frozen=True)
+class Factor:
+    """A speed-up factor an estimate used: measured (where: `source`) or assumed."""
+
+    name: str
+    value: float | None
+    unit: str
+    source: str
+    measured: bool
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Where a finding's saving comes from (`Finding.estimate`)."""
+
+    method: str  # "replay" or "share"
+    saving_pct: float | None  # the figure shown: the finding's est_saving_pct unless the block says otherwise
+    share_saving_pct: float | None
+    replay_error_pct: float | None
+    refused: str | None
+    edits: list[str]
+    factors: list[Factor]
+
+
+def estimate_of(f: Finding) -> Estimate | None:
+    """The finding's estimate basis; None when the analysis does not state it (older ones)."""
+    d = f.estimate
+    if not isinstance(d, Mapping) or _str(d.get("method")) is None:
+        return None
+    factors = [Factor(name=_str(x.get("name")) or "factor", value=_num(x.get("value")), unit=str(x.get("unit") or ""),
+                      source=_str(x.get("source")) or "", measured=x.get("measured") is True)
+               for x in d.get("factors") or () if isinstance(x, Mapping)]
+    saving = _num(d.get("saving_pct"))
+    return Estimate(method=str(d["method"]), saving_pct=saving if saving is not None else f.est_saving_pct,
+                    share_saving_pct=_num(d.get("share_saving_pct")), replay_error_pct=_num(d.get("replay_error_pct")),
+                    refused=_str(d.get("refused")), edits=[str(e) for e in d.get("edits") or () if _str(e)],
+                    factors=factors)
+
+
+def _value(v: float, unit: str) -> str:
+    """2.3x, 15%, 0.4 ms: a factor's value with its unit (microseconds shown as ms)."""
+    if unit == "us":
+        return f"{ms(v)} ms"
+    text = f"{v:.3g}"
+    return f"{text}{unit}" if unit in ("x", "%") or not unit else f"{text} {unit}"
+
+
+def factor_words(x: Factor, limit: int = 120) -> str:
+    """'bf16 GEMM speed-up 2.3x (measured: bf16 vs fp32 GEMMs on rank 0)' or '... (assumed)'."""
+    value = f" {_value(x.value, x.unit)}" if x.value is not None else ""
+    basis = (f"measured: {clip(x.source, limit)}" if x.source else "measured") if x.measured else "assumed"
+    return f"{clip(x.name, 60)}{value} ({basis})"
+
+
+def _saving(v: float | None) -> str:
+    return "-" if v is None else f"-{v:.0f}%"
+
+
+def estimate_words(f: Finding, factors: bool = True) -> str | None:
+    """One line on where the finding's saving comes from: 'replayed: -12% (replay within
+    3.1% of the measured step); factors: ...' or 'share-based: -10% (replay refused: why)';
+    None when the analysis does not say."""
+    e = estimate_of(f)
+    if e is None:
+        return None
+    if e.method == "replay":
+        within = f" (replay within {e.replay_error_pct:.1f}% of the measured step)" if e.replay_error_pct is not None else ""
+        text = f"replayed: {_saving(e.saving_pct)}{within}"
+    else:
+        share = e.share_saving_pct if e.share_saving_pct is not None else e.saving_pct
+        why = f" (replay refused: {clip(e.refused, 160)})" if e.refused else ""
+        name = "share-based" if e.method == "share" else clip(e.method, 20)
+        text = f"{name}: {_saving(share)}{why}"
+    if factors and e.factors:
+        text += "; factors: " + ", ".join(factor_words(x) for x in e.factors[:4])
+        if len(e.factors) > 4:
+            text += f", {len(e.factors) - 4} more"
+    return text
+
+
+def what_if_method_words(w: WhatIf | None) -> str | None:
+    """How the what-if was projected: 'one replay with every finding's edits (replay within
+    2.0% of the measured step)', 'share-based (replay refused: why)'; None when not stated."""
+    if w is None or w.method is None:
+        return None
+    if w.method == "replay":
+        within = f" (replay within {w.replay_error_pct:.1f}% of the measured step)" if w.replay_error_pct is not None else ""
+        return f"one replay with every finding's edits{within}"
+    return "share-based" + (f" (replay refused: {clip(w.refused, 160)})" if w.refused else "")
+
+
+def what_if_words(w: WhatIf | None) -> str | None:
+    """'step 200.0 → 164.0 ms (-18%), one replay with every finding's edits (...)': the
+    projection with all findings applied and how it was made; None when the analysis does
+    not say how (older ones: their readers showed no such line)."""
+    method = what_if_method_words(w)
+    if w is None or method is None or not w.step_us or not w.all_step_us:
+        return None
+    return f"step {ms(w.step_us)} → {ms(w.all_step_us)} ms ({_saving(w.all_saving_pct)}), {method}"
+
+
+@dataclass(frozen=True)
+class CriticalPath:
+    """What the end of the median step waited on (`Analysis.critical_path`)."""
+
+    step: int | None
+    rank: int | None  # the rank whose step end the path leads to
+    path_us: float
+    by_rank_us: dict[str, float]
+    by_phase_us: dict[str, float]
+    by_collective_us: dict[str, float]
+    top_rank: int | None
+    top_phase: str | None
+    top_collective: str | None
+    replay_error_pct: float | None
+
+
+def _times(d: Any) -> dict[str, float]:
+    return {str(k): v for k, x in (d.items() if isinstance(d, Mapping) else ()) if (v := _num(x)) is not None}
+
+
+def critical_path_of(a: Analysis) -> CriticalPath | None:
+    """The critical path of the median step; None when the analysis has none (older ones)
+    or it is empty."""
+    d = a.critical_path
+    if not isinstance(d, Mapping) or not (path := _num(d.get("path_us"))) or path <= 0:
+        return None
+    by_rank, by_phase, by_coll = _times(d.get("by_rank_us")), _times(d.get("by_phase_us")), _times(d.get("by_collective_us"))
+
+    def top(given: Any, times: dict[str, float]) -> str | None:
+        return str(given) if given is not None and str(given) else (max(times, key=lambda k: times[k]) if times else None)
+
+    top_rank = _int(d.get("top_rank"))
+    if top_rank is None and (r := top(None, by_rank)) is not None and r.lstrip("-").isdigit():
+        top_rank = int(r)
+    return CriticalPath(step=_int(d.get("step")), rank=_int(d.get("rank")), path_us=path, by_rank_us=by_rank,
+                        by_phase_us=by_phase, by_collective_us=by_coll, top_rank=top_rank,
+                        top_phase=top(_str(d.get("top_phase")), by_phase),
+                        top_collective=top(_str(d.get("top_collective")), by_coll),
+                        replay_error_pct=_num(d.get("replay_error_pct")))
+
+
+def critical_path_rows(cp: CriticalPath) -> list[tuple[str, str, float, float]]:
+    """(by, name, µs, share of the path) for each rank, phase and collective on the path,
+    the largest first within each; those with no time left out."""
+    out: list[tuple[str, str, float, float]] = []
+    for by, times, name in (("rank", cp.by_rank_us, "rank {}"), ("phase", cp.by_phase_us, "{}"),
+                            ("collective", cp.by_collective_us, "{}")):
+        for k, us in sorted(times.items(), key=lambda kv: (-kv[1], kv[0])):
+            if us > 0:
+                out.append((by, name.format(k), us, us / cp.path_us))
+    return out
+
+
+def critical_path_words(cp: CriticalPath) -> str:
+    """'step 8 (96.0 ms, ending on rank 0): most on rank 1 58.2 ms (61%) · forward 38.4 ms
+    (40%) · all_reduce 19.2 ms (20%)': the path, then the rank, phase and collective it
+    spent most in, each with its time and share of the path."""
+    step = f"step {cp.step}" if cp.step is not None else "the median step"
+    end = f", ending on rank {cp.rank}" if cp.rank is not None else ""
+    text = f"{step} ({ms(cp.path_us)} ms{end})"
+    tops = [(f"rank {cp.top_rank}", cp.by_rank_us.get(str(cp.top_rank))) if cp.top_rank is not None else None,
+            (cp.top_phase, cp.by_phase_us.get(cp.top_phase)) if cp.top_phase else None,
+            (cp.top_collective, cp.by_collective_us.get(cp.top_collective)) if cp.top_collective else None]
+    parts = [label if us is None else f"{label} {ms(us)} ms ({pct(us / cp.path_us)})" for t in tops if t for label, us in [t]]
+    if parts:
+        text += ": most on " + " · ".join(parts)
+    if cp.replay_error_pct is not None:
+        text += f"; replay within {cp.replay_error_pct:.1f}%"
+    return text

@@ -12,6 +12,10 @@ from rich.text import Text
 
 from pardiag.analysis import Analysis, RankResult
 from pardiag.display import (
+    critical_path_of,
+    critical_path_words,
+    estimate_words,
+    what_if_words,
     op_text,
     action_env_text,
     exposed_words,
@@ -107,10 +111,14 @@ def print_nccl(a: Analysis, console: Console) -> None:
 def print_findings(a: Analysis, console: Console, limit: int = 8) -> None:
     shown = ordered_findings(a)[:limit]
     console.print(Text(f"what to change ({len(a.findings)} finding{'s' if len(a.findings) != 1 else ''})", style="bold"))
+    if (what_if := what_if_words(a.what_if)) is not None:
+        console.print(Text(f"  if all were applied: {what_if}"))
     for f in shown:
         style = {"high": "bold red", "medium": "yellow", "low": "dim"}.get(f.severity, "")
         saving = f", est. -{f.est_saving_pct:.0f}% step time" if f.est_saving_pct else ""
         console.print(Text.assemble((f"[{f.severity}] ", style), f"{f.lever}: {f.title}{saving}"))
+        if (basis := estimate_words(f, factors=False)) is not None:
+            console.print(Text(f"    estimate: {basis}"))
         for ev in f.evidence[:2]:
             console.print(Text(f"    {ev}", style="dim"))
         if f.action.get("env"):
@@ -128,6 +136,8 @@ def print_headline(a: Analysis, console: Console) -> None:
         console.print(Text(f"job step: {job}"))
     if h.comm_exposed_share is not None:
         console.print(Text(f"exposed communication: {exposed_words(h)}"))
+    if (cp := critical_path_of(a)) is not None:
+        console.print(Text(f"critical path: {critical_path_words(cp)}"))
 
 
 def print_summary(a: Analysis, console: Console | None = None, next_for: str | None = None) -> None:

@@ -25,6 +25,12 @@ from pardiag import style
 from pardiag.analysis import Analysis, Collective, Finding, RankResult
 from pardiag.analysis_blocks import Telemetry
 from pardiag.display import (
+    critical_path_of,
+    critical_path_rows,
+    critical_path_words,
+    estimate_of,
+    estimate_words,
+    what_if_method_words,
     op_text,
     WORST_N,
     action_env_text,
@@ -332,6 +338,7 @@ def _doc_link(doc: Any) -> str | None:
 
 
 def _finding_view(n: int, f: Finding) -> dict[str, Any]:
+    basis = estimate_of(f)
     code = f.action.get("code") if isinstance(f.action.get("code"), str) else None
     env = f.action.get("env") if isinstance(f.action.get("env"), dict) else None
     return {
@@ -341,7 +348,20 @@ def _finding_view(n: int, f: Finding) -> dict[str, Any]:
         "saving": f"{f.est_saving_pct:.0f}%" if f.est_saving_pct else None,
         "code": code, "env": action_env_text(env) if env else None, "doc": _doc_link(f.action.get("doc")),
         "assumption": clip(f.action["assumption"], 300) if isinstance(f.action.get("assumption"), str) else None,
+        "estimate": estimate_words(f),
+        "edits": [clip(edit, 300) for edit in basis.edits[:20]] if basis is not None else [],
     }
+
+
+def _critical_path_view(a: Analysis) -> dict[str, Any] | None:
+    """The critical path section: one sentence, then every rank, phase and collective on
+    the path with its time and share (a bar)."""
+    cp = critical_path_of(a)
+    if cp is None:
+        return None
+    rows = [{"by": by, "name": clip(name, 80), "ms": ms(us), "share": pct(share), "width": round(100 * min(1.0, share), 1)}
+            for by, name, us, share in critical_path_rows(cp)]
+    return {"words": critical_path_words(cp), "rows": rows[:MAX_TABLE_ROWS]}
 
 
 # the per-GPU figures the report's telemetry table shows (the table has room for eight)
@@ -380,6 +400,8 @@ def _context(a: Analysis) -> dict[str, Any]:
         "stragglers": ordered_stragglers(a)[:MAX_TABLE_ROWS],
         "no_straggler": no_straggler_words(a),
         "findings": [_finding_view(n, f) for n, f in enumerate(findings)],
+        "what_if_method": what_if_method_words(a.what_if),
+        "critical_path": _critical_path_view(a),
         "collectives": collectives[:MAX_TABLE_ROWS], "collectives_total": len(collectives),
         "groups": [(g, rank_ranges(g.ranks)) for g in a.process_groups[:MAX_TABLE_ROWS]],
         "notices": ordered_notices(a)[:MAX_NOTICES],

@@ -11,6 +11,10 @@ from typing import Iterable, Sequence
 
 from pardiag.analysis import Analysis, Finding, RankResult
 from pardiag.display import (
+    critical_path_of,
+    critical_path_words,
+    estimate_words,
+    what_if_words,
     op_text,
     MAX_TEXT,
     RANK_VALUE_HEADER,
@@ -93,6 +97,10 @@ def _headline_lines(a: Analysis) -> list[str]:
     if h.finding is not None:
         f = h.finding
         lines.append(f"- **Top finding:** {_finding_title(f)}")
+    if (what_if := what_if_words(a.what_if)) is not None:
+        lines.append(f"- **If all were applied:** {md_text(what_if, 400)}")
+    if (cp := critical_path_of(a)) is not None:
+        lines.append(f"- **Critical path:** {md_text(critical_path_words(cp), 400)}")
     return [*lines, ""]
 
 
@@ -177,6 +185,8 @@ def _finding_lines(a: Analysis) -> list[str]:
     for f in findings[:TOP_FINDINGS]:
         ranks = f" (rank{'s' if len(set(f.ranks)) > 1 else ''} {rank_ranges(f.ranks)})" if f.ranks else ""
         out += [f"**{_finding_title(f)}** `{f.lever}`{ranks}", ""]  # lever ids are a closed vocabulary: no escaping
+        if (basis := estimate_words(f)) is not None:
+            out += [f"Estimate: {md_text(basis, 600)}", ""]
         out += [f"- {md_text(e)}" for e in f.evidence[:MAX_EVIDENCE]]
         out += ["", *_action_lines(f), ""]
     if len(findings) > TOP_FINDINGS:

@@ -42,6 +42,8 @@ from pardiag.analysis_blocks import (
     RankGpu,
     StuckRank,
     Telemetry,
+    WhatIf,
+    WhatIfRow,
     nccl_late,
     nccl_waited,
 )
@@ -158,9 +160,40 @@ def lever_runs() -> list[Analysis]:
 # -- findings ----------------------------------------------------------------------------------
 
 
-def finding(lever: Any = "straggler", severity: Any = "medium", saving: float | None = None) -> Finding:
+def finding(lever: Any = "straggler", severity: Any = "medium", saving: float | None = None,
+            estimate: dict[str, Any] | None = None) -> Finding:
     return Finding(lever=lever, severity=severity, title=f"{lever} {severity}", evidence=["x"], ranks=[0],
-                   est_saving_pct=saving, action={})
+                   est_saving_pct=saving, action={}, estimate=estimate)
+
+
+# -- where an estimate comes from (Finding.estimate) and the critical path ----------------------
+
+
+def replay_estimate(saving: float = 12.4, share: float = 9.8, error: float = 3.1) -> dict[str, Any]:
+    """A saving projected by replaying the window: one measured factor and one assumed."""
+    return {"method": "replay", "saving_pct": saving, "share_saving_pct": share, "replay_error_pct": error,
+            "refused": None, "edits": ["rank 1's operations set to its peers' median",
+                                       "GEMMs on every rank divided by 2.3"],
+            "factors": [{"name": "bf16 GEMM speed-up", "value": 2.3, "unit": "x",
+                         "source": "bf16 vs fp32 GEMMs on rank 0", "measured": True},
+                        {"name": "overlap of the last bucket", "value": 0.5, "unit": "",
+                         "source": "", "measured": False}]}
+
+
+def share_estimate(saving: float = 7.5, refused: str | None = "the replay is 14.2% off the measured step, "
+                                                                    "more than the 10% allowed") -> dict[str, Any]:
+    """The older share-times-constant estimate, the replay refused (or not tried: refused None)."""
+    return {"method": "share", "saving_pct": saving, "share_saving_pct": saving, "replay_error_pct": None,
+            "refused": refused, "edits": [], "factors": []}
+
+
+def critical_path(step: int = 8, rank: int = 0) -> dict[str, Any]:
+    """A 96 ms path that spent most on rank 1 (58.2 ms), in forward (38.4 ms), in all_reduce (19.2 ms)."""
+    return {"step": step, "rank": rank, "path_us": 96_000.0, "by_rank_us": {"0": 37_800.0, "1": 58_200.0},
+            "by_phase_us": {"forward": 38_400.0, "backward": 24_000.0, "optimizer": 4_800.0, "dataloader": 0.0,
+                            "host_gap": 5_400.0, "wait": 4_200.0, "collective": 19_200.0},
+            "by_collective_us": {"all_reduce": 19_200.0}, "top_rank": 1, "top_phase": "forward",
+            "top_collective": "all_reduce", "replay_error_pct": 2.4}
 
 
 # -- the nccl, telemetry and hang blocks ---------------------------------------------------------
@@ -322,6 +355,22 @@ def small() -> Analysis:
     )
 
 
+def estimated() -> Analysis:
+    """small(), its findings' savings with their basis (one replayed, one share-based with the
+    replay refused), the what-if from one replay, and the critical path of the median step."""
+    a = small()
+    replayed = replace(FINDING, lever="straggler", title="rank 1 is slower than the others", est_saving_pct=12.4,
+                       evidence=["forward: +78.4 ms per step vs the median of the other ranks"], action={},
+                       estimate=replay_estimate())
+    shared = replace(FINDING, estimate=share_estimate())
+    what_if = WhatIf(step_us=215_000.0, findings=[WhatIfRow("straggler", replayed.title, 188_340.0, 12.4),
+                                                  WhatIfRow("ddp_bucket_size", shared.title, 198_875.0, 7.5)],
+                     all_step_us=176_300.0, all_saving_pct=18.0,
+                     assumption="one replay of the profiled window with every finding's edits together",
+                     method="replay", replay_error_pct=3.1)
+    return replace(a, findings=[replayed, shared], what_if=what_if, critical_path=critical_path())
+
+
 def gpu_run(n: int = 8) -> Analysis:
     return Analysis(
         run=run_info(n, hosts=["gpu-a", "gpu-b"], backend="nccl", device="cuda"),
@@ -375,7 +424,15 @@ def hostile() -> Analysis:
         process_groups=[ProcessGroup(name=EVIL, desc=EVIL, role="data-parallel", size=2, ranks=[0, 1],
                                      ops={EVIL: 1}, total_us=1.0, wait_us=0.0)],
         findings=[Finding(lever="nccl_env", severity="high", title=EVIL, evidence=[EVIL], ranks=[0],
-                          est_saving_pct=None, action={"code": EVIL, "env": {"NCCL_X": EVIL}, "doc": "javascript:alert(1)"})],
+                          est_saving_pct=None, action={"code": EVIL, "env": {"NCCL_X": EVIL}, "doc": "javascript:alert(1)"}),
+                  Finding(lever="straggler", severity="medium", title="slow rank", evidence=[], ranks=[1],
+                          est_saving_pct=5.0, action={},
+                          estimate={**replay_estimate(), "edits": [EVIL],
+                                    "factors": [{"name": EVIL, "value": 2.0, "unit": EVIL, "source": EVIL, "measured": True}]}),
+                  Finding(lever="sync_points", severity="low", title="syncs", evidence=[], ranks=[0],
+                          est_saving_pct=2.0, action={}, estimate=share_estimate(2.0, refused=EVIL))],
+        critical_path={**critical_path(), "by_collective_us": {EVIL: 19_200.0}, "top_collective": EVIL,
+                       "by_phase_us": {EVIL: 96_000.0}, "top_phase": EVIL},
         notices=[Notice("error", EVIL)],
         nccl=nccl_summary([{"host": EVIL, EVIL: EVIL, "versions": [EVIL]}], warnings=[EVIL], errors=[EVIL],
                           hang=nccl_hang(summary=EVIL)),
@@ -386,6 +443,7 @@ def hostile() -> Analysis:
 
 CASES: dict[str, Callable[[], Analysis]] = {
     "empty": empty_run, "single": single_rank, "crashed": crashed, "cpu": small, "gpu": gpu_run, "512": big,
+    "estimated": estimated,
 }
 
 def slow_rank_job(n: int = 512, slow: int = 300) -> Analysis:
@@ -428,6 +486,7 @@ def slow_rank_job(n: int = 512, slow: int = 300) -> Analysis:
 
 SHAPES: dict[str, Callable[[], Analysis]] = {
     "empty": empty_run, "single": single_rank, "crashed": crashed, "cpu": small, "gpu": gpu_run, "512": big,
+    "estimated": estimated,
 }
 
 

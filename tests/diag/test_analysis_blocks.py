@@ -15,11 +15,15 @@ from rich.console import Console
 from factories import (
     EVIL,
     analysis,
+    critical_path,
+    estimated,
     gpu_telemetry,
     nccl_hang,
     nccl_summary,
     pardiag_hang,
     rank,
+    replay_estimate,
+    share_estimate,
     telemetry_summary,
 )
 from pardiag.analysis import Analysis, from_dict
@@ -137,8 +141,35 @@ def test_telemetry_and_what_if_json_keep_their_shape() -> None:
     assert set(doc["telemetry"]) == {"source", "status", "reason", "gpus", "hosts", "ranks", "problems"}
     assert doc["telemetry"]["ranks"] == {"0": {"host": "h", "gpu": 0, "uuid": "GPU-0"},
                                          "1": {"host": "h", "gpu": 1, "uuid": "GPU-1"}}
-    assert set(doc["what_if"]) == {"step_us", "findings", "all_step_us", "all_saving_pct", "assumption"}
+    # the keys of the first what-if, then (added) how it was projected
+    assert set(doc["what_if"]) == {"step_us", "findings", "all_step_us", "all_saving_pct", "assumption",
+                                   "method", "replay_error_pct", "refused"}
     assert set(doc["what_if"]["findings"][0]) == {"lever", "title", "step_us", "saving_pct"}
+
+
+def test_estimates_what_if_method_and_critical_path_round_trip() -> None:
+    a = estimated()
+    doc = json.loads(a.to_json())
+    assert doc["findings"][0]["estimate"] == replay_estimate()
+    assert doc["findings"][1]["estimate"]["refused"] == share_estimate()["refused"]
+    assert (doc["what_if"]["method"], doc["what_if"]["replay_error_pct"]) == ("replay", 3.1)
+    assert doc["critical_path"] == critical_path()
+    assert from_dict(doc) == a
+
+
+def test_an_analysis_without_estimates_or_critical_path_loads_as_before() -> None:
+    """analysis.json written before these keys: no `estimate` in the findings, no `method`
+    in the what-if, no `critical_path`. It loads with them unknown (None)."""
+    doc = json.loads(estimated().to_json())
+    for f in doc["findings"]:
+        del f["estimate"]
+    for k in ("method", "replay_error_pct", "refused"):
+        del doc["what_if"][k]
+    del doc["critical_path"]
+    a = from_dict(doc)
+    assert [f.estimate for f in a.findings] == [None, None] and a.critical_path is None
+    assert a.what_if is not None and (a.what_if.method, a.what_if.replay_error_pct, a.what_if.refused) == (None, None, None)
+    assert a.what_if.all_saving_pct == 18.0 and [f.est_saving_pct for f in a.findings] == [12.4, 7.5]
 
 
 # -- older shapes -------------------------------------------------------------------------------

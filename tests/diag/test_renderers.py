@@ -81,10 +81,10 @@ def test_every_renderer_shows_the_summary_findings_and_ranks(name: str, analysis
         assert re.search(row, out), f"rank {r.rank}"
 
 
-@pytest.mark.parametrize("case", ["empty", "single", "crashed", "cpu", "gpu", "512"])
+@pytest.mark.parametrize("case", ["empty", "single", "crashed", "cpu", "gpu", "512", "estimated"])
 @pytest.mark.parametrize("name", list(FORMATS))
 def test_every_renderer_survives_every_shape_of_run(name: str, case: str) -> None:
-    a = SHAPES[case]()  # an empty run, one rank, a crashed rank, no GPU, a GPU run, 512 ranks
+    a = SHAPES[case]()  # an empty run, one rank, a crashed rank, no GPU, a GPU run, 512 ranks, estimates' basis
     out = FORMATS[name].render(a)
     assert out.strip() and out == FORMATS[name].render(a)
     for r in a.ranks if len(a.ranks) <= 16 else []:

@@ -32,7 +32,7 @@ from pardiag.tui.widgets.heatmap import WaitHeatmap
 from pardiag.tui.widgets.lanes import Lanes
 from pardiag.tui.widgets.section import Section
 from pardiag.tui.widgets.table import SortableTable
-from factories import empty_run, gpu_telemetry, nccl_hang, nccl_summary, screen_text, settle, telemetry_summary
+from factories import empty_run, estimated, gpu_telemetry, nccl_hang, nccl_summary, screen_text, settle, telemetry_summary
 from factories import slow_rank_job as synthetic
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -458,3 +458,50 @@ async def test_untrusted_strings_are_shown_as_text() -> None:
         assert "[bold red]x[/]" in screen_text(app)
         await pilot.press("q")
         await settle(pilot)
+
+
+# -- where an estimate comes from, the critical path ------------------------------------------------
+
+
+async def test_estimate_basis_and_critical_path_are_shown() -> None:
+    a = estimated()
+    async with make_app(a).run_test(size=(200, 50)) as pilot:
+        await settle(pilot)
+        text = screen_text(pilot.app)
+        assert ("critical path: step 8 (96.0 ms, ending on rank 0): most on rank 1 58.2 ms (61%) · "
+                "forward 38.4 ms (40%) · all_reduce 19.2 ms (20%)") in text
+        await pilot.press("5")
+        await settle(pilot)
+        text = " ".join(screen_text(pilot.app).split())
+        assert "215.0 → 176.3 ms (-18%)" in text and "one replay with every finding's edits" in text
+        await pilot.press("enter")  # the first finding: replayed
+        await settle(pilot)
+        screen = pilot.app.screen
+        assert isinstance(screen, FindingScreen) and screen.finding.lever == "straggler"
+        assert screen.query("#estimate")
+        text = screen_text(pilot.app)
+        assert "replayed: -12% (replay within 3.1% of the measured step)" in text
+        assert "share-based estimate: -10%" in text
+        assert "bf16 GEMM speed-up 2.3x (measured: bf16 vs fp32 GEMMs on rank 0)" in text
+        assert "overlap of the last bucket 0.5 (assumed)" in text
+        assert "rank 1's operations set to its peers' median" in text
+        await pilot.press("n")  # the second: share-based, the replay refused
+        await settle(pilot)
+        text = " ".join(screen_text(pilot.app).split())
+        assert "share-based: -8% (replay refused: the replay is 14.2% off the measured step" in text
+        assert "replayed" not in text
+
+
+async def test_an_analysis_without_them_shows_nothing_new() -> None:
+    """Older analyses: no critical path line, no estimate section, the what-if as before."""
+    async with make_app(straggler()).run_test(size=(200, 50)) as pilot:
+        await settle(pilot)
+        assert "critical path" not in screen_text(pilot.app)
+        await pilot.press("5")
+        await settle(pilot)
+        assert "replay" not in screen_text(pilot.app) and "share-based" not in screen_text(pilot.app)
+        await pilot.press("enter")
+        await settle(pilot)
+        assert isinstance(pilot.app.screen, FindingScreen)
+        text = screen_text(pilot.app)
+        assert "evidence" in text and "replay" not in text and not pilot.app.screen.query("#estimate")

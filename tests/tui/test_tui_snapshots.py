@@ -1,6 +1,7 @@
 """How the TUI looks, pinned: the overview and the findings screens at 80×24 and
 160×48, on fixed analyses of real runs (a CPU run with a straggler; GPU traces with an
-NCCL log). Update with `pytest tests/tui/test_tui_snapshots.py --snapshot-update` after
+NCCL log); and, on the factories' analysis with each estimate's basis and the critical
+path, the overview and an opened finding. Update with `pytest tests/tui/test_tui_snapshots.py --snapshot-update` after
 checking the new SVGs by eye."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from factories import estimated
 from pardiag import analysis as model
 from pardiag.tui.app import PardiagApp, make_app
 
@@ -28,3 +30,11 @@ def test_overview(snap_compare, size: tuple[int, int]) -> None:
 @pytest.mark.parametrize("size", SIZES)
 def test_findings(snap_compare, size: tuple[int, int]) -> None:
     assert snap_compare(app("tui-gpu-nccl.analysis.json"), press=["5"], terminal_size=size)
+
+
+def test_overview_with_the_critical_path(snap_compare) -> None:
+    assert snap_compare(make_app(estimated()), terminal_size=(120, 30))
+
+
+def test_finding_with_its_estimate(snap_compare) -> None:
+    assert snap_compare(make_app(estimated()), press=["5", "enter"], terminal_size=(120, 36))

@@ -1,5 +1,6 @@
-"""One finding, opened: evidence, estimated saving, assumption, and the change to make
-(code, environment) with `c` to copy it to the clipboard."""
+"""One finding, opened: evidence, estimated saving and where it comes from (replay or
+share, the factors measured or assumed), assumption, and the change to make (code,
+environment) with `c` to copy it to the clipboard."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 
 from pardiag.analysis import Analysis, Finding
-from pardiag.display import action_env_text, ordered_findings
+from pardiag.display import action_env_text, estimate_of, estimate_words, factor_words, ordered_findings
 from pardiag.tui import format as fmt
 from pardiag.tui.screens.base import PardiagScreen
 from pardiag.tui.widgets.section import Section
@@ -56,6 +57,26 @@ def evidence(f: Finding) -> RenderableType:
     assumption = f.action.get("assumption")
     if isinstance(assumption, str) and assumption:
         lines.append(Text.assemble(("assumption: ", "bold"), assumption))
+    return Group(*lines)
+
+
+def estimate(f: Finding) -> RenderableType | None:
+    """Where the saving comes from: the method with its figure, each factor measured
+    (where) or assumed, and the replay's edits; None when the analysis does not say."""
+    e = estimate_of(f)
+    basis = estimate_words(f, factors=False)
+    if e is None or basis is None:
+        return None
+    lines = [Text(basis)]
+    if e.method == "replay" and e.share_saving_pct is not None:
+        lines.append(Text(f"share-based estimate: -{e.share_saving_pct:.0f}%", style="dim"))
+    if e.factors:
+        lines.append(Text("factors:", style="bold"))
+    for x in e.factors:
+        lines.append(Text.assemble(("• ", "dim"), (factor_words(x, 300), "" if x.measured else "yellow")))
+    if e.edits:
+        lines.append(Text("replayed with:", style="bold"))
+        lines += [Text(f"  {edit}", style="dim") for edit in e.edits]
     return Group(*lines)
 
 
@@ -111,6 +132,8 @@ class FindingScreen(PardiagScreen):
         with VerticalScroll(id="finding-body"):
             yield Section(f"finding {self.index + 1}: {f.lever}", lambda w: head(f))
             yield Section("evidence", lambda w: evidence(f))
+            if (basis := estimate(f)) is not None:
+                yield Section("estimate", lambda w: basis, id="estimate")
             yield Section("the change", lambda w: change(f), id="change")
 
     def on_mount(self) -> None:

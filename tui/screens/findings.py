@@ -12,7 +12,7 @@ from textual.widgets import DataTable, Static
 
 from pardiag import style
 from pardiag.analysis import Analysis, Finding
-from pardiag.display import SEVERITY_ORDER, ordered_findings, ordered_notices
+from pardiag.display import SEVERITY_ORDER, ordered_findings, ordered_notices, what_if_method_words
 from pardiag.tui import format as fmt
 from pardiag.tui.messages import OpenFinding
 from pardiag.tui.screens.base import PardiagScreen
@@ -43,7 +43,8 @@ def what_if(a: Analysis) -> RenderableType:
     return Text.assemble(("if all were applied: ", "bold"),
                          f"step {fmt.ms(w.step_us)} → {fmt.ms(w.all_step_us)} ms",
                          (f" (-{w.all_saving_pct or 0:.0f}%)", "bold green"),
-                         (f"; {w.assumption}" if w.assumption else "", "dim"))
+                         (f"; {w.assumption}" if w.assumption else "", "dim"),
+                         (f"; {method}" if (method := what_if_method_words(w)) else "", "dim"))
 
 
 def preview(f: Finding | None, full: bool) -> RenderableType:

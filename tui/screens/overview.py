@@ -1,4 +1,4 @@
-"""1 Overview: the headline, one row per rank (step-time spread, where the profiled time
+"""1 Overview: the headline (with the median step's critical path), one row per rank (step-time spread, where the profiled time
 went as a stacked bar, waiting), stragglers marked, and the top findings."""
 
 from __future__ import annotations
@@ -12,7 +12,16 @@ from textual.widgets import DataTable, Static
 
 from pardiag import style
 from pardiag.analysis import Analysis, RankResult
-from pardiag.display import PERCENTILES, headline, job_step_words, no_straggler_words, ordered_findings, quantile
+from pardiag.display import (
+    PERCENTILES,
+    critical_path_of,
+    critical_path_words,
+    headline,
+    job_step_words,
+    no_straggler_words,
+    ordered_findings,
+    quantile,
+)
 from pardiag.tui import format as fmt
 from pardiag.tui.messages import OpenRank
 from pardiag.tui.screens.base import PardiagScreen
@@ -96,6 +105,8 @@ def summary(a: Analysis) -> RenderableType:
                                    f"rank {s.rank} +{fmt.ms(s.excess_us_per_step)} ms per step ({s.cause}){held}"))
     elif (words := no_straggler_words(a)) is not None:
         lines.append(Text(f"straggler: {words}", style="green" if words.startswith("none;") else "yellow"))
+    if (cp := critical_path_of(a)) is not None:
+        lines.append(Text.assemble(("critical path: ", "bold"), critical_path_words(cp)))
     return Group(*lines)
 
 
