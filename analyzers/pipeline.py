@@ -252,8 +252,24 @@ def _estimates(a: Analysis, inputs: Sequence[RankInput], step_records: Mapping[i
     found = [(i.rank, i.trace, i.trace_complete) for i in inputs if i.trace is not None]
     size = sum(Path(p).stat().st_size for _, p, _ in found if Path(p).exists())
     model: replay.Model | None = None
+    why = None
     if not found:
-        return estimates.apply(a, estimates.Inputs(None, step_records))
+        why = "no profiler trace"
+    elif size > REPLAY_MAX_BYTES:
+        why = f"{size / 2**30:.1f} GiB of traces, more than the {REPLAY_MAX_BYTES / 2**30:.0f} GiB replayed"
+    else:
+        try:
+            model = replay.model_of(found)
+        except Exception as e:  # the replay's failure must not take the analysis down
+            why = f"the replay model failed: {type(e).__name__}: {e}"
+            notices.append(Notice("warning", f"{why}; estimates are share-based"))
+    try:
+        gemm, comm = estimates.run_factors(run, a, notices) if model is not None else (None, None)
+        return estimates.apply(a, estimates.Inputs(model, step_records, gemm, comm, why))
+    except Exception as e:
+        notices.append(Notice("warning", f"replay estimates failed: {type(e).__name__}: {e}; estimates are "
+                                         "share-based"))
+        return estimates.share_based(a, f"replay estimates failed: {type(e).__name__}")
     if size > REPLAY_MAX_BYTES:
         notices.append(Notice("info", f"replay left out: {size / 2**30:.1f} GiB of traces (more than "
                                       f"{REPLAY_MAX_BYTES / 2**30:.0f} GiB); estimates are share-based"))
@@ -262,8 +278,8 @@ def _estimates(a: Analysis, inputs: Sequence[RankInput], step_records: Mapping[i
             model = replay.model_of(found)
         except Exception as e:  # one model's failure must not take the analysis down
             notices.append(Notice("warning", f"replay left out: {type(e).__name__}: {e}; estimates are share-based"))
-    gemm, comm = estimates.run_factors(run, a, notices)
     try:
+        gemm, comm = estimates.run_factors(run, a, notices)
         return estimates.apply(a, estimates.Inputs(model, step_records, gemm, comm))
     except Exception as e:
         notices.append(Notice("warning", f"replay estimates failed: {type(e).__name__}: {e}; estimates are share-based"))

@@ -116,6 +116,9 @@ class Result:
     problem: list[Run] = field(default_factory=list)
     fixed: list[Run] = field(default_factory=list)
     estimated_pct: list[float | None] = field(default_factory=list)  # per problem run: the lever's est_saving_pct
+    method: list[str | None] = field(default_factory=list)  # per problem run: how it was estimated (replay, share)
+    share_pct: list[float | None] = field(default_factory=list)  # per problem run: the share-based estimate
+    replay_error_pct: list[float | None] = field(default_factory=list)  # per run (problem and fixed): the replay's error
     what_if_all_pct: list[float | None] = field(default_factory=list)  # per problem run
     top_lever: list[str | None] = field(default_factory=list)  # per problem run: the first finding's lever
     still_reported: list[bool | None] = field(default_factory=list)  # per fixed run: the lever found again
@@ -157,6 +160,11 @@ class Result:
             "noise_pp": _round(self.noise_pp()), "spread_pp": _round(self.spread_pp()),
             "measured_each_pct": [round(m, 1) for m in self.measured_pct()],
             "estimated_each_pct": self.estimated_pct,
+            "method": self.method, "share_each_pct": self.share_pct,
+            "share_pct": _median([e for e in self.share_pct if e is not None]),
+            "share_error_pp": (_round(_median([e for e in self.share_pct if e is not None]) - measured)  # type: ignore[operator]
+                               if measured is not None and any(e is not None for e in self.share_pct) else None),
+            "replay_error_pct": self.replay_error_pct,
             "top_lever": self.top_lever, "still_reported_after_fix": self.still_reported,
             "advice": self.advice, "applied": self.applied,
             "problem_step_ms": [round(r.per_micro_us / 1000, 2) for r in self.problem],
@@ -256,7 +264,7 @@ def _record(scenario: str, fixed: bool, out: Path, steps: int, values: dict[str,
 
 
 def analyze(path: Path) -> dict[str, Any]:
-    res = subprocess.run([sys.executable, "-m", "pardiag", "analyze", str(path), "--json"],
+    res = subprocess.run([sys.executable, "-m", "pardiag", "analyze", str(path), "--json", "--force"],
                          capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
         raise BenchError(f"pardiag analyze {path}: exit {res.returncode}: {res.stderr.strip()[-300:]}")
@@ -270,9 +278,19 @@ def _advice(finding: dict[str, Any]) -> str:
     return str(code).splitlines()[0] if code else ""
 
 
-def measure(scenario: str, repeat: int, steps: int, workdir: Path, retries: int = 0) -> Result:
+def recorded(path: Path, scenario: str, fixed: bool) -> Run:
+    """A run recorded earlier (--reuse): its step times as `_record` measures them."""
+    if not (path / "manifest.json").exists():
+        raise BenchError(f"{path}: not a run directory (record it first with --keep)")
+    step_us, n = median_step_us(path)
+    return Run(str(path), fixed, step_us, n, step_us / micro_batches(scenario, fixed), 0.0, None)
+
+
+def measure(scenario: str, repeat: int, steps: int, workdir: Path, retries: int = 0,
+            reuse: Path | None = None) -> Result:
     """Record the scenario `repeat` times with its problem and with --fix (alternating),
-    analyse every run, and collect what `Result.summary` reports."""
+    analyse every run, and collect what `Result.summary` reports. With `reuse`, the runs
+    are the ones an earlier --keep left there, analysed again."""
     lever = SCENARIOS[scenario][0]
     res = Result(scenario, lever)
     for i in range(repeat):
@@ -282,8 +300,12 @@ def measure(scenario: str, repeat: int, steps: int, workdir: Path, retries: int 
             values = res.applied[-1] if fixed else {}
             if values:
                 log(f"[{scenario}]   as advised: {', '.join(f'{k}={v}' for k, v in values.items())}")
-            run = record(scenario, fixed, workdir / name, steps, retries, values)
+            if reuse is not None:
+                run = recorded(reuse / name, scenario, fixed)
+            else:
+                run = record(scenario, fixed, workdir / name, steps, retries, values)
             doc = analyze(Path(run.path))
+            res.replay_error_pct.append((doc.get("critical_path") or {}).get("replay_error_pct"))
             found = [f for f in doc.get("findings") or [] if lever and f.get("lever") == lever]
             if fixed:
                 res.fixed.append(run)
@@ -291,6 +313,9 @@ def measure(scenario: str, repeat: int, steps: int, workdir: Path, retries: int 
             else:
                 res.problem.append(run)
                 res.estimated_pct.append(found[0].get("est_saving_pct") if found else None)
+                est = (found[0].get("estimate") or {}) if found else {}
+                res.method.append(est.get("method"))
+                res.share_pct.append(est.get("share_saving_pct", found[0].get("est_saving_pct")) if found else None)
                 wi = doc.get("what_if") or {}
                 res.what_if_all_pct.append(wi.get("all_saving_pct") if wi.get("findings") else 0.0)
                 findings = doc.get("findings") or []
@@ -318,21 +343,30 @@ def _after(still: list[bool | None]) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ["scenario", "lever", "est. %", "what_if %", "measured %", "error pp", "what_if err pp", "noise pp",
-            "spread pp", "problem ms", "fixed ms", "after fix"]
+    head = ["scenario", "lever", "method", "est. %", "what_if %", "measured %", "error pp", "what_if err pp",
+            "share est %", "share err pp", "replay err %", "noise pp", "spread pp", "problem ms", "fixed ms", "after fix"]
     lines = [head]
     for r in rows:
-        lines.append([r["scenario"], r["lever"] or "(none)", _cell(r["estimated_pct"]), _cell(r["what_if_all_pct"]),
+        methods = sorted({m for m in r.get("method") or [] if m})
+        errs = [e for e in r.get("replay_error_pct") or [] if e is not None]
+        lines.append([r["scenario"], r["lever"] or "(none)", "/".join(methods) or "-", _cell(r["estimated_pct"]),
+                      _cell(r["what_if_all_pct"]),
                       _cell(r["measured_pct"]), _cell(r["error_pp"], "{:+.1f}"), _cell(r["what_if_error_pp"], "{:+.1f}"),
+                      _cell(r.get("share_pct")), _cell(r.get("share_error_pp"), "{:+.1f}"),
+                      _cell(max(errs) if errs else None),
                       _cell(r["noise_pp"]), _cell(r["spread_pp"]), "/".join(f"{x:.1f}" for x in r["problem_step_ms"]),
                       "/".join(f"{x:.1f}" for x in r["fixed_step_ms"]), _after(r["still_reported_after_fix"])])
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    out = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
+    out = ["  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
            for line in lines]
     errs = [abs(r["error_pp"]) for r in rows if r["error_pp"] is not None and r["lever"]]
     if errs:
         out.append(f"|error| over levers with an estimate: median {statistics.median(errs):.1f} pp, max "
                    f"{max(errs):.1f} pp (target: each <= {TARGET_PP:g}, median <= 3)")
+    rep = [e for r in rows for e in r.get("replay_error_pct") or [] if e is not None]
+    if rep:
+        out.append(f"replay error over {len(rep)} runs: median {statistics.median(rep):.1f}%, max {max(rep):.1f}% "
+                   "(target: median <= 3%, each <= 8%)")
     return "\n".join(out)
 
 
@@ -347,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"record a job again, up to this many times, when other processes used more than "
                         f"{CONTENDED:g} cores while it ran (default 2; the least disturbed is kept)")
     p.add_argument("--keep", metavar="DIR", help="keep the run directories under DIR (default: a temporary one)")
+    p.add_argument("--reuse", metavar="DIR", help="analyse again the runs an earlier --keep DIR recorded, instead of "
+                                                  "recording (the estimates of a newer pardiag on the same runs)")
     a = p.parse_args(argv)
     names = [s.strip() for s in a.scenarios.split(",") if s.strip()]
     unknown = [s for s in names if s not in SCENARIOS]
@@ -363,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rows = []
         for s in names:
-            rows.append(measure(s, a.repeat, a.steps, work, a.retries).summary())
+            rows.append(measure(s, a.repeat, a.steps, work, a.retries,
+                                Path(a.reuse) if a.reuse else None).summary())
     except BenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

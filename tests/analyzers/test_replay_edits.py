@@ -1,0 +1,141 @@
+"""The replay's edits for the levers' changes and the replay-based estimate, on hand-built
+gloo traces (tracegen.gloo_replay_rank) whose numbers are worked out by hand: per rank,
+forward 1000 us, backward 1200 us, a 10 us c10d::allreduce_ call, the worker's
+all-reduce (its transfer once both ranks are in), the loop waking 20 us after it, the
+optimizer 100 us."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pardiag.analysis import Finding
+from pardiag.analyzers import estimates
+from pardiag.analyzers.replay import (
+    Accumulate, RegroupBuckets, RemoveInputWait, ScaleGemm, Straggler, build_model, replay)
+from pardiag.analyzers.trace import load_trace
+from pardiag.step_records import WARMUP_STEPS, StepRecord
+from factories import analysis, rank
+from tracegen import gloo_replay_rank, write_trace, x
+
+
+def _model(tmp_path: Path, rank0: list[dict[str, Any]], rank1: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+    traces = {r: load_trace(write_trace(tmp_path / f"rank{r}.json", ev, rank=r)) for r, ev in ((0, rank0), (1, rank1))}
+    return build_model(traces, hosts={0: "node", 1: "node"})
+
+
+def test_gemm_time_inside_host_work_scaled(tmp_path: Path) -> None:
+    # a 600 us aten::addmm inside each forward: at 3x it takes 200, forward 600 instead of
+    # 1000. Rank 1 (300 us late) arrives at 300 + 600 + 1200 + 10 = 2110, both are done
+    # at 2310, awake at 2330, optimizer to 2430 (measured: 2830)
+    def rank_ev(sleep: float, arrive: float) -> list[dict[str, Any]]:
+        return gloo_replay_rank(sleep, arrive, 2710) + [x("aten::addmm", sleep + 100, 600.0)]
+
+    m = _model(tmp_path, rank_ev(0, 2210), rank_ev(300, 2510))
+    assert sum(n.gemm for n in m.nodes if n.rank == 0) == pytest.approx(600.0)
+    assert replay(m).replayed_steps[0][1] == pytest.approx(2830.0)
+    r = replay(m, [ScaleGemm(3.0)])
+    assert r.replayed_steps[0][1] == pytest.approx(2430.0)
+    assert r.replayed_steps[1][1] == pytest.approx(2430.0)
+    # only rank 0 faster: rank 1 still arrives at 2510, the step stays 2830
+    assert replay(m, [ScaleGemm(3.0, ranks=(0,))]).replayed_steps[0][1] == pytest.approx(2830.0)
+
+
+def test_accumulation_pays_the_collective_and_the_optimizer_once_per_k(tmp_path: Path) -> None:
+    # transfer 200 -> 50 and optimizer 100 -> 25 per micro-batch (k = 4): rank 1 arrives
+    # at 2510, done 2560, awake 2580, optimizer to 2605
+    m = _model(tmp_path, gloo_replay_rank(0, 2210, 2710), gloo_replay_rank(300, 2510, 2710))
+    r = replay(m, [Accumulate(4)])
+    assert r.replayed_steps[0][1] == pytest.approx(2605.0)
+    assert r.replayed_steps[1][1] == pytest.approx(2605.0)
+
+
+def _buckets(sleep: float = 0.0) -> list[dict[str, Any]]:
+    """Four 1000-byte all-reduces (250 floats) issued at the end of backward, 100 us each
+    back to back on the worker from 2210; the loop wakes at 2630, optimizer to 2730."""
+    ev = gloo_replay_rank(sleep, 2210, 2310, wake_us=2630)
+    out = [e for e in ev if e["name"] not in ("c10d::allreduce_", "gloo:all_reduce")]
+    for i in range(4):
+        out.append(x("c10d::allreduce_", 2200 + 2 * i, 2.0, **{"External id": i + 1}))
+        out.append(x("gloo:all_reduce", 2210 + 100 * i, 100.0, tid=9, cat="user_annotation",
+                     **{"Input Dims": [[250]], "Input type": ["float"]}))
+    return out
+
+
+def test_buckets_regrouped_under_a_larger_cap(tmp_path: Path) -> None:
+    m = _model(tmp_path, _buckets(), _buckets())
+    assert replay(m).replayed_steps[0][1] == pytest.approx(2730.0)
+    assert sorted(n.bytes for n in m.nodes if n.kind == "collective" and n.rank == 0) == [1000] * 4
+    # one pack of 4000 bytes at 60 us + 0.01 us/byte = 100 us, from 2210: done 2310; the
+    # loop's wait ends then plus its 20 us wake-up (2330), optimizer to 2430
+    r = replay(m, [RegroupBuckets(4000, 60.0, 0.01)])
+    assert r.replayed_steps[0][1] == pytest.approx(2430.0)
+    # a cap of 2000 bytes: two packs of 2000 (80 us each) back to back: 2210 -> 2370,
+    # awake 2390, optimizer to 2490
+    r = replay(m, [RegroupBuckets(2000, 60.0, 0.01)])
+    assert r.replayed_steps[0][1] == pytest.approx(2490.0)
+
+
+def test_loader_workers_hide_a_fetch_shorter_than_the_rest_of_the_step(tmp_path: Path) -> None:
+    # a 400 us fetch (then a 10 us stack) before forward: the step is 2940 us, the rest of
+    # it 2540. Two workers load a batch in 200 us while the 2540 run: no wait is left
+    ev0 = gloo_replay_rank(0, 2620, 2820, dataloader_us=(400.0,))
+    m = _model(tmp_path, ev0, gloo_replay_rank(0, 2620, 2820, dataloader_us=(400.0,)))
+    assert replay(m).replayed_steps[0][1] == pytest.approx(2940.0)
+    assert replay(m, [RemoveInputWait(workers=2)]).replayed_steps[0][1] == pytest.approx(2540.0)
+
+
+def _records(rank: int, steps_us: list[float]) -> list[StepRecord]:
+    assert WARMUP_STEPS == 1
+    # step 0 is warm-up (not counted, step_records.WARMUP_STEPS); then one record per step
+    # outside the profiler window
+    return [StepRecord(step=i, t_end_ns=None, dur_us=d, pardiag_us=0.0) for i, d in enumerate([1.0] + steps_us)]
+
+
+def _straggler_analysis() -> Any:
+    a = analysis([rank(0, device="cpu"), rank(1, device="cpu")])
+    f = Finding(lever="straggler", severity="medium", title="rank 1 is slower", evidence=[], ranks=[1],
+                est_saving_pct=11.0, action={})
+    from dataclasses import replace
+    return replace(a, findings=[f])
+
+
+def test_the_saving_is_the_time_removed_taken_off_the_jobs_step(tmp_path: Path) -> None:
+    # the straggler fixed, the window's step goes from 2830 to 2530 us: 300 us removed.
+    # The job's median step over its counted steps is 3000 us: 10.0%
+    m = _model(tmp_path, gloo_replay_rank(0, 2210, 2710), gloo_replay_rank(300, 2510, 2710))
+    recs = {0: _records(0, [3000.0, 2900.0, 3100.0]), 1: _records(1, [3000.0, 2950.0, 3050.0])}
+    out = estimates.apply(_straggler_analysis(), estimates.Inputs(m, recs))
+    (f,) = out.findings
+    assert f.est_saving_pct == pytest.approx(10.0)
+    assert f.estimate is not None and f.estimate["method"] == "replay"
+    assert f.estimate["share_saving_pct"] == 11.0 and f.estimate["replay_error_pct"] == 0.0
+    # under 5% it would be low; at 10% it keeps its severity
+    assert f.severity == "medium"
+    assert out.critical_path is not None and out.critical_path["step"] == 1
+    # without step records: relative to the replayed window's step, 300 / 2830
+    out = estimates.apply(_straggler_analysis(), estimates.Inputs(m, {}))
+    assert out.findings[0].est_saving_pct == pytest.approx(round(100 * 300 / 2830, 1))
+
+
+def test_without_a_model_the_estimate_stays_share_based_and_says_why() -> None:
+    out = estimates.apply(_straggler_analysis(), estimates.Inputs(None, {}, why="no profiler trace"))
+    (f,) = out.findings
+    assert f.est_saving_pct == 11.0
+    assert f.estimate == {"method": "share", "saving_pct": 11.0, "share_saving_pct": 11.0, "replay_error_pct": None,
+                          "refused": "no profiler trace", "edits": [], "factors": []}
+
+
+def test_straggler_plan_and_mixed_precision_factor_labels() -> None:
+    a = _straggler_analysis()
+    p = estimates.plan(a.findings[0], a, estimates.Inputs(None, {}))
+    assert p is not None and p.edits == (Straggler(1),)
+    mp = Finding(lever="mixed_precision", severity="high", title="t", evidence=[], ranks=[0, 1], est_saving_pct=30.0,
+                 action={})
+    assumed = estimates.plan(mp, a, estimates.Inputs(None, {}))
+    assert assumed is not None and [f.measured for f in assumed.factors] == [False]
+    measured = estimates.plan(mp, a, estimates.Inputs(None, {}, gemm=estimates.GemmSpeedup(5.5, "timed")))
+    assert measured is not None and measured.edits == (ScaleGemm(5.5),)
+    assert measured.factors[0].measured and measured.factors[0].value == 5.5
