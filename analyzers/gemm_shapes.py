@@ -1,0 +1,176 @@
+"""The matrix-multiply and convolution calls of a trace, grouped by shape: which shapes
+hold most of the job's GEMM time, and the arguments to run each again.
+
+`torch.profiler` with ``record_shapes`` (pardiag's default) writes, for every operator,
+its inputs' sizes (``Input Dims``), element types (``Input type``), strides (``Input
+Strides``) and the values of its non-tensor arguments (``Concrete Inputs``). That is
+enough to call the operator again, alone, at the same shapes: `pardiag run` does so
+after the job to measure what a lower precision gains on the job's own shapes
+(`pardiag.collectors.gemm_bench`).
+
+Operators nest (``aten::linear`` calls ``aten::addmm``; ``aten::conv2d`` calls
+``aten::convolution``, which calls ``aten::_convolution``): only the outermost GEMM
+operator of a nest counts, so no time is counted twice. A call inside autograd's
+``evaluate_function`` belongs to the backward pass.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+GEMM_OPS = re.compile(
+    r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|conv[123]d|convolution|_convolution|convolution_backward)$")
+BACKWARD_SPAN = "autograd::engine::evaluate_function"
+STEP_PREFIX = "ProfilerStep#"
+MAX_TRACE_BYTES = 4 << 30  # decompressed; larger traces are not read for shapes
+
+
+class _Event(msgspec.Struct, gc=False):
+    name: str | None = None
+    cat: str | None = None
+    ph: str | None = None
+    pid: Any = None
+    tid: Any = None
+    ts: float | None = None
+    dur: float | None = None
+    args: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
+
+
+class _Doc(msgspec.Struct):
+    traceEvents: list[_Event] | None = None
+
+
+class _Args(msgspec.Struct):
+    dims: Any = msgspec.field(default=None, name="Input Dims")
+    types: Any = msgspec.field(default=None, name="Input type")
+    strides: Any = msgspec.field(default=None, name="Input Strides")
+    concrete: Any = msgspec.field(default=None, name="Concrete Inputs")
+
+
+_DOC = msgspec.json.Decoder(_Doc)
+_ARGS = msgspec.json.Decoder(_Args)
+
+
+class ShapeError(Exception):
+    """The trace cannot be read for shapes; the message is one line."""
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    """One operator at one set of input shapes, as the job called it in the window."""
+
+    op: str  # "aten::addmm"
+    dims: tuple[tuple[int, ...] | None, ...]  # per input; None for a non-tensor argument
+    dtypes: tuple[str, ...]  # per input, as the trace names them ("float", "c10::BFloat16", "Scalar", "")
+    strides: tuple[tuple[int, ...] | None, ...]
+    concrete: tuple[str, ...]  # per input, the value of a non-tensor argument ("[1, 1]", "False", "1"), else ""
+    backward: bool  # called by autograd's engine (gradients), not by the forward pass
+    calls: int
+    trace_us: float  # total duration of these calls in the window
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "dims": [list(d) if d is not None else None for d in self.dims],
+                "dtypes": list(self.dtypes), "strides": [list(s) if s is not None else None for s in self.strides],
+                "concrete": list(self.concrete), "backward": self.backward, "calls": self.calls,
+                "trace_us": self.trace_us}
+
+
+@dataclass(frozen=True)
+class GemmShapes:
+    shapes: tuple[GemmShape, ...]  # every shape, most time first
+    total_us: float  # all GEMM time in the window (outermost operators)
+    window_us: float  # the profiled steps' span, 0 when the trace marks no step
+    with_shapes: bool  # whether the trace recorded input shapes at all
+
+    def top(self, n: int) -> tuple[GemmShape, ...]:
+        return self.shapes[:n]
+
+
+def _read(path: Path) -> bytes:
+    with open(path, "rb") as raw:
+        magic = raw.read(2)
+    opener = gzip.open if magic == b"\x1f\x8b" else open
+    with opener(path, "rb") as f:
+        data = f.read(MAX_TRACE_BYTES + 1)
+    if len(data) > MAX_TRACE_BYTES:
+        raise ShapeError(f"{path.name}: larger than {MAX_TRACE_BYTES >> 30} GB decompressed; shapes not read")
+    return data
+
+
+def _dims(v: Any) -> tuple[int, ...] | None:
+    if isinstance(v, list) and all(isinstance(x, int) for x in v):
+        return tuple(v)
+    return None
+
+
+def _key_of(a: _Args) -> tuple[tuple[tuple[int, ...] | None, ...], tuple[str, ...],
+                                        tuple[tuple[int, ...] | None, ...], tuple[str, ...]] | None:
+    if not isinstance(a.dims, list) or not isinstance(a.types, list) or len(a.dims) != len(a.types):
+        return None
+    types = tuple(str(t) for t in a.types)
+    dims = tuple(_dims(d) if types[i] not in ("Scalar", "ScalarList", "") else None for i, d in enumerate(a.dims))
+    strides_in = a.strides if isinstance(a.strides, list) and len(a.strides) == len(dims) else [None] * len(dims)
+    strides = tuple(_dims(s) if dims[i] is not None else None for i, s in enumerate(strides_in))
+    conc_in = a.concrete if isinstance(a.concrete, list) and len(a.concrete) == len(dims) else [""] * len(dims)
+    concrete = tuple(str(c) if c is not None else "" for c in conc_in)
+    return dims, types, strides, concrete
+
+
+def gemm_shapes(path: str | Path) -> GemmShapes:
+    """The GEMM operators of one rank's trace inside its profiled steps, grouped by
+    (operator, input shapes, types, strides, non-tensor arguments, forward/backward).
+    Raises ShapeError when the file cannot be read as a trace."""
+    p = Path(path)
+    try:
+        doc = _DOC.decode(_read(p))
+    except FileNotFoundError:
+        raise ShapeError(f"{p}: no such file") from None
+    except (OSError, EOFError, msgspec.MsgspecError, ValueError) as e:
+        raise ShapeError(f"{p.name}: unreadable trace ({type(e).__name__}: {e})") from None
+    events = [e for e in doc.traceEvents or () if e.dur is not None and e.ts is not None and e.name]
+    steps = [e for e in events if e.name.startswith(STEP_PREFIX) and e.cat != "gpu_user_annotation"]
+    lo = min((e.ts for e in steps), default=float("-inf"))  # type: ignore[type-var]
+    hi = max((e.ts + e.dur for e in steps), default=float("inf"))  # type: ignore[operator]
+    window = (hi - lo) if steps else 0.0
+
+    per_thread: dict[tuple[Any, Any], list[_Event]] = {}
+    for e in events:
+        if e.cat == "cpu_op" and (GEMM_OPS.match(e.name) or e.name.startswith(BACKWARD_SPAN)):
+            per_thread.setdefault((e.pid, e.tid), []).append(e)
+    groups: dict[tuple[Any, ...], list[float]] = {}
+    total = 0.0
+    with_shapes = False
+    for evs in per_thread.values():
+        evs.sort(key=lambda e: (e.ts, -(e.dur or 0.0)))
+        gemm_end = float("-inf")
+        bwd_end = float("-inf")
+        for e in evs:
+            start, end = float(e.ts), float(e.ts) + float(e.dur)  # type: ignore[arg-type]
+            if e.name.startswith(BACKWARD_SPAN):
+                bwd_end = max(bwd_end, end)
+                continue
+            if start < gemm_end:  # nested in a GEMM operator already counted
+                continue
+            gemm_end = end
+            if start < lo or start >= hi:
+                continue
+            total += end - start
+            try:
+                a = _ARGS.decode(e.args) if len(e.args) else _Args()
+            except (msgspec.MsgspecError, ValueError):
+                a = _Args()
+            key = _key_of(a)
+            if key is None:
+                continue
+            with_shapes = True
+            groups.setdefault((e.name, *key, start < bwd_end), []).append(end - start)
+    shapes = [GemmShape(op=k[0], dims=k[1], dtypes=k[2], strides=k[3], concrete=k[4], backward=k[5],
+                        calls=len(d), trace_us=float(sum(d))) for k, d in groups.items()]
+    shapes.sort(key=lambda s: (-s.trace_us, s.op, str(s.dims)))
+    return GemmShapes(tuple(shapes), total, float(window), with_shapes)
