@@ -241,11 +241,18 @@ def read_comm(run_dir: str | Path, collectives: Mapping[int, Sequence[Collective
         if fitted.value is not None:
             return fitted
         why_not_fit = fitted.reason
-    doc, why = _load(Path(run_dir) / "factors" / "allreduce.json", COMM_FORMAT, COMM_VERSION)
+    got = _read_curve(Path(run_dir) / "factors" / "allreduce.json")
+    if got.value is None and why_not_fit:
+        return Read(None, f"{why_not_fit}; {got.reason}")
+    return got
+
+
+def _read_curve(path: Path) -> Read[CommCurve]:
+    doc, why = _load(path, COMM_FORMAT, COMM_VERSION)
     if doc is None:
-        return Read(None, "; ".join(x for x in (why_not_fit, why) if x))
+        return Read(None, why)
     if doc.get("status") != "ok":
-        return Read(None, "; ".join(x for x in (why_not_fit, f"allreduce.json: {doc.get('reason') or 'no curve'}") if x))
+        return Read(None, f"allreduce.json: {doc.get('reason') or 'no curve'}")
     try:
         pts = tuple(CurvePoint(int(p["bytes"]), float(p["us"]), int(p.get("n") or 0)) for p in doc["points"])
         alpha, beta = float(doc["alpha_us"]), float(doc["beta_us_per_byte"])
