@@ -1,0 +1,95 @@
+"""The GEMM measurement end to end on this CPU: shapes from a real trace, timed by
+`collectors/gemm_bench.py` in a process of its own, written to factors/gemm.json and
+read back; and what a failed or too long measurement leaves."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from pardiag import measure, rundir
+from pardiag.analyzers import factors
+from pardiag.analyzers.gemm_shapes import gemm_shapes
+
+torch = pytest.importorskip("torch")
+
+ACTIVE = 2
+
+
+def record(path: Path) -> None:
+    from torch import nn
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 64))
+    conv = nn.Conv2d(8, 16, 3, padding=1)
+    x, img = torch.randn(128, 256), torch.randn(4, 8, 16, 16)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
+                 on_trace_ready=lambda p: p.export_chrome_trace(str(path)),
+                 schedule=schedule(wait=0, warmup=1, active=ACTIVE)) as p:
+        for _ in range(1 + ACTIVE):
+            (model(x).sum() + conv(img).sum()).backward()
+            p.step()
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> rundir.RunDir:
+    r = rundir.RunDir(tmp_path_factory.mktemp("run"))
+    r.rank_dir(0).mkdir(parents=True)
+    record(r.trace(0))
+    return r
+
+
+@pytest.fixture(scope="module")
+def measured(run: rundir.RunDir) -> dict:
+    return measure.measure_gemm(run, 0, run.trace(0), None, sys.executable, os.environ)
+
+
+def test_every_top_shape_is_timed_in_fp32_and_bf16(run: rundir.RunDir, measured: dict) -> None:
+    top = gemm_shapes(run.trace(0)).top(measure.TOP_SHAPES)
+    assert measured["status"] == "ok", measured.get("reason")
+    assert [(r["op"], r["dims"], r["backward"], r["calls"]) for r in measured["shapes"]] == [
+        (s.op, [list(d) if d is not None else None for d in s.dims], s.backward, s.calls) for s in top]
+    assert {r["op"] for r in measured["shapes"]} >= {"aten::linear", "aten::conv2d", "aten::mm"}
+    for r in measured["shapes"]:
+        assert r["error"] is None and r["fp32_us"] > 0 and r["half_us"] > 0
+        assert r["speedup"] == pytest.approx(r["fp32_us"] / r["half_us"])
+    assert measured["device"] == "cpu" and measured["to_dtype"] == "bfloat16" and measured["from_dtype"] == "float32"
+    assert 0 < measured["seconds"] <= measure.GEMM_TIMEOUT_S
+
+
+def test_the_file_reads_back_as_the_time_weighted_speedup(run: rundir.RunDir, measured: dict) -> None:
+    g = factors.gemm_factor(run.root)
+    assert g is not None
+    rows = measured["shapes"]
+    expect = sum(r["trace_us"] for r in rows) / sum(r["trace_us"] / r["speedup"] for r in rows)
+    assert g.speedup == pytest.approx(expect) and measured["speedup"] == pytest.approx(expect)
+    total = gemm_shapes(run.trace(0)).total_us
+    assert g.covered_share == pytest.approx(sum(r["trace_us"] for r in rows) / total)
+    assert [r.trace_us for r in g.rows] == [r["trace_us"] for r in rows]
+    assert "timed in fp32 and bf16 autocast on this host's CPU after the job" in g.source
+
+
+def test_a_job_python_without_torch_fails_in_one_line(run: rundir.RunDir, python_without_torch: Path,
+                                                      tmp_path: Path) -> None:
+    other = rundir.RunDir(tmp_path)
+    doc = measure.measure_gemm(other, 0, run.trace(0), None, str(python_without_torch), os.environ)
+    assert doc["status"] == "failed" and "No module named 'torch'" in doc["reason"] and "\n" not in doc["reason"]
+    got = factors.read_gemm(tmp_path)
+    assert got.value is None and "No module named 'torch'" in (got.reason or "")
+
+
+def test_a_measurement_past_its_time_is_killed(run: rundir.RunDir, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(measure, "GEMM_TIMEOUT_S", 0.3)
+    doc = measure.measure_gemm(rundir.RunDir(tmp_path), 0, run.trace(0), None, sys.executable, os.environ)
+    assert doc["status"] == "failed" and doc["reason"] == "killed after 0.3 s"
+    assert doc["seconds"] < 5
+
+
+def test_a_failed_job_is_not_measured(run: rundir.RunDir) -> None:
+    got = measure.measure_after_job(run, [sys.executable, "train.py"], "host", [0], 3, os.environ, quiet=True)
+    assert got == {"status": "skipped", "reason": "the job exited with code 3"}
