@@ -11,8 +11,8 @@ it, `pardiag.measure`):
     share of the window's GEMM time they cover. `gemm_factor` reads it.
 ``allreduce.json``
     the latency/bandwidth curve of all_reduce, ``time = alpha + bytes * beta``: fitted to
-    the run's own matched all_reduce calls when their sizes span at least 4x (source
-    "fit"), else measured by a short sweep after the job (source "sweep"), else the
+    the run's own matched all_reduce calls when their sizes span at least 4x and the
+    line explains their times (r2 >= 0.8, a bandwidth term; source "fit"), else measured by a short sweep after the job (source "sweep"), else the
     reason there is none. `comm_curve` reads it, or fits the calls it is given.
 
 Both carry ``format``/``format_version``; a newer version is refused in one line, a
@@ -37,6 +37,7 @@ GEMM_VERSION = 1
 COMM_FORMAT = "pardiag.allreduce-curve"
 COMM_VERSION = 1
 FIT_MIN_SPAN = 4.0  # the sizes must span at least this ratio for a fit of the run's own calls
+FIT_MIN_R2 = 0.8  # ... and the line must explain the times this well, with a bandwidth term
 
 T = TypeVar("T")
 
@@ -227,6 +228,13 @@ def fit_run(collectives: Mapping[int, Sequence[CollectiveCall]]) -> Read[CommCur
     fit = fit_line([(p.bytes, p.us) for p in pts])
     if fit is None:
         return Read(None, "fewer than two all_reduce sizes")
+    if fit.beta_us_per_byte <= 0 or fit.r2 is None or fit.r2 < FIT_MIN_R2:
+        # calls in flight together (gloo runs DDP's buckets concurrently) or one late bucket
+        # can make the times fall with size: such a line predicts nothing
+        r2 = "none" if fit.r2 is None else f"{fit.r2:.2f}"
+        return Read(None, f"the run's {calls} all_reduce calls ({len(pts)} sizes) fit no latency/bandwidth line "
+                          f"(r2 {r2}, bandwidth term {fit.beta_us_per_byte:.3g} us/byte; a fit needs r2 >= "
+                          f"{FIT_MIN_R2:g})")
     return Read(CommCurve(fit.alpha_us, fit.beta_us_per_byte, pts, "fit",
                           f"fit of this run's {calls} all_reduce calls", fit.r2, fit.rel_error_max,
                           world_size=len(collectives) or None))

@@ -7,11 +7,11 @@ alike in size to fit a latency/bandwidth curve::
     torchrun --standalone --nproc-per-node N comm_sweep.py --backend gloo --out OUT.json \
         --sizes 262144,1048576,... --budget-s 15
 
-For each size (smallest first): a warm-up, then repeats of barrier + all_reduce, each
-rank timing its own call; the transfer time of a repeat is the shortest time across the
-ranks (the last to arrive waited least), and the size's time is the median over
-repeats. The number of repeats is cut so that the sweep fits its budget; sizes that do
-not fit are left out. Rank 0 writes {backend, world_size, points: [{bytes, us, n}],
+After a warm-up of every size, rounds over all sizes of barrier + all_reduce, each rank
+timing its own call (a burst of other work on the host then slows every size alike); a
+call's transfer time is the shortest across the ranks (the last to arrive waited least),
+and a size's time is the median over rounds. The rounds (3 to 20) fit the budget; the
+largest sizes are left out when not even 3 rounds of them fit. Rank 0 writes {backend, world_size, points: [{bytes, us, n}],
 seconds}. Imports only torch and the standard library.
 """
 
@@ -27,8 +27,8 @@ import time
 import torch
 import torch.distributed as dist
 
-MAX_REPEATS = 10
-MIN_REPEATS = 3
+MAX_ROUNDS = 20
+MIN_ROUNDS = 3
 
 
 def main() -> int:
@@ -56,32 +56,39 @@ def main() -> int:
         dist.all_reduce(t, op=op)
         return float(t.item())
 
-    points = []
-    for i, size in enumerate(sizes):
-        left = a.budget_s - (time.perf_counter() - started)
-        per_size = left / (len(sizes) - i)
-        x = torch.ones(max(1, size // 4), dtype=torch.float32, device=device)
+    # warm-up: every size twice (buffers, connections), and how long one call of each takes
+    bufs = [torch.ones(max(1, size // 4), dtype=torch.float32, device=device) for size in sizes]
+    one = []
+    for x in bufs:
         dist.barrier()
-        t0 = time.perf_counter()
-        dist.all_reduce(x)  # warm-up: buffers and connections for this size
-        sync()
-        one = agreed(time.perf_counter() - t0, dist.ReduceOp.MAX)
-        fits = int(per_size / max(one, 1e-6))
-        repeats = int(agreed(min(MAX_REPEATS, fits), dist.ReduceOp.MIN))
-        if repeats < MIN_REPEATS and points:
-            break  # larger sizes take longer still: the budget is spent
-        mine = []
-        for _ in range(max(repeats, 1)):
+        for _ in range(2):
+            sync()
+            t0 = time.perf_counter()
+            dist.all_reduce(x)
+            sync()
+        one.append(agreed(time.perf_counter() - t0, dist.ReduceOp.MAX))
+    # keep the sizes of which MIN_ROUNDS rounds fit the budget left (smallest first)
+    left = a.budget_s - (time.perf_counter() - started)
+    keep = 0
+    while keep < len(bufs) and sum(one[:keep + 1]) * MIN_ROUNDS <= left:
+        keep += 1
+    bufs, one = bufs[:max(keep, 1)], one[:max(keep, 1)]
+    rounds = int(agreed(max(1, min(MAX_ROUNDS, int(left / max(sum(one), 1e-6)))), dist.ReduceOp.MIN))
+    # rounds over all sizes, so that a burst of other work on the host slows every size alike
+    times = torch.zeros(rounds, len(bufs), dtype=torch.float64)
+    for r in range(rounds):
+        for i, x in enumerate(bufs):
             dist.barrier()
             sync()
             t0 = time.perf_counter()
             dist.all_reduce(x)
             sync()
-            mine.append(time.perf_counter() - t0)
-        times = torch.tensor(mine, dtype=torch.float64, device=device)
-        dist.all_reduce(times, op=dist.ReduceOp.MIN)  # per repeat, the rank that waited least
-        points.append({"bytes": x.numel() * 4, "us": statistics.median(times.tolist()) * 1e6, "n": len(mine)})
-        del x
+            times[r, i] = time.perf_counter() - t0
+    times = times.to(device)
+    dist.all_reduce(times, op=dist.ReduceOp.MIN)  # per call, the rank that waited least
+    times = times.cpu()
+    points = [{"bytes": x.numel() * 4, "us": statistics.median(times[:, i].tolist()) * 1e6, "n": rounds}
+              for i, x in enumerate(bufs)]
     dist.barrier()
     if rank == 0:
         doc = {"backend": a.backend, "world_size": world, "device": device.type, "points": points,

@@ -186,3 +186,11 @@ def test_an_allreduce_file_that_cannot_be_used_is_refused_in_one_line(tmp_path: 
     got = factors.read_comm(tmp_path, one_size)
     assert got.value is None and words in (got.reason or "") and "\n" not in (got.reason or "")
     assert "span 1.0x" in (got.reason or "")  # why the run's own calls gave no fit either
+
+
+def test_a_line_that_explains_nothing_is_no_fit() -> None:
+    # one late small bucket: the times fall with size (as gloo's concurrent buckets give)
+    calls = {r: [call(1024, 1500.0), call(263168, 590.0), call(263168, 600.0), call(272424, 800.0)] for r in (0, 1)}
+    got = factors.fit_run(calls)
+    assert got.value is None and "fit no latency/bandwidth line" in (got.reason or "")
+    assert "4 all_reduce calls (3 sizes)" in (got.reason or "")
