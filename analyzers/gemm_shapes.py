@@ -11,7 +11,10 @@ after the job to measure what a lower precision gains on the job's own shapes
 Operators nest (``aten::linear`` calls ``aten::addmm``; ``aten::conv2d`` calls
 ``aten::convolution``, which calls ``aten::_convolution``): only the outermost GEMM
 operator of a nest counts, so no time is counted twice. A call inside autograd's
-``evaluate_function`` belongs to the backward pass.
+``evaluate_function`` belongs to the backward pass. On a CPU an operator's time is its
+own duration; in a GPU trace it is the time of the kernels its nest launched (matched
+by the ``External id`` a kernel shares with the operator that launched it), since the
+host only enqueues them.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class _Doc(msgspec.Struct):
 
 
 class _Args(msgspec.Struct):
+    ext: Any = msgspec.field(default=None, name="External id")
     dims: Any = msgspec.field(default=None, name="Input Dims")
     types: Any = msgspec.field(default=None, name="Input type")
     strides: Any = msgspec.field(default=None, name="Input Strides")
@@ -87,6 +91,7 @@ class GemmShapes:
     total_us: float  # all GEMM time in the window (outermost operators)
     window_us: float  # the profiled steps' span, 0 when the trace marks no step
     with_shapes: bool  # whether the trace recorded input shapes at all
+    timing: str = "host"  # "device": the kernels the operators launched (GPU traces); "host": the operators
 
     def top(self, n: int) -> tuple[GemmShape, ...]:
         return self.shapes[:n]
@@ -139,38 +144,65 @@ def gemm_shapes(path: str | Path) -> GemmShapes:
     hi = max((e.ts + e.dur for e in steps), default=float("inf"))  # type: ignore[operator]
     window = (hi - lo) if steps else 0.0
 
+    # GPU traces: an operator's time is its kernels' (the host only launches them), found
+    # through the External id each kernel shares with the operator that launched it
+    kernel_us: dict[int, float] = {}
+    for e in events:
+        if e.cat == "kernel":
+            ext = _ext(e)
+            if ext is not None:
+                kernel_us[ext] = kernel_us.get(ext, 0.0) + float(e.dur)  # type: ignore[arg-type]
+    device = bool(kernel_us)
+
     per_thread: dict[tuple[Any, Any], list[_Event]] = {}
     for e in events:
-        if e.cat == "cpu_op" and (GEMM_OPS.match(e.name) or e.name.startswith(BACKWARD_SPAN)):
+        if e.cat == "cpu_op" and (device or GEMM_OPS.match(e.name) or e.name.startswith(BACKWARD_SPAN)):
             per_thread.setdefault((e.pid, e.tid), []).append(e)
-    groups: dict[tuple[Any, ...], list[float]] = {}
-    total = 0.0
+    nests: dict[tuple[Any, ...], list[list[float]]] = {}
     with_shapes = False
     for evs in per_thread.values():
         evs.sort(key=lambda e: (e.ts, -(e.dur or 0.0)))
         gemm_end = float("-inf")
         bwd_end = float("-inf")
+        current: list[float] | None = None  # the time of the GEMM nest being read
         for e in evs:
             start, end = float(e.ts), float(e.ts) + float(e.dur)  # type: ignore[arg-type]
             if e.name.startswith(BACKWARD_SPAN):
                 bwd_end = max(bwd_end, end)
                 continue
-            if start < gemm_end:  # nested in a GEMM operator already counted
+            if start < gemm_end:  # nested in a GEMM operator already counted: its kernels are the nest's
+                if device and current is not None:
+                    current[0] += kernel_us.get(_ext(e) or -1, 0.0)
+                continue
+            if not GEMM_OPS.match(e.name):
                 continue
             gemm_end = end
+            current = None
             if start < lo or start >= hi:
                 continue
-            total += end - start
             try:
                 a = _ARGS.decode(e.args) if len(e.args) else _Args()
             except (msgspec.MsgspecError, ValueError):
                 a = _Args()
+            current = [kernel_us.get(a.ext, 0.0) if device and isinstance(a.ext, int) else (end - start)]
             key = _key_of(a)
-            if key is None:
-                continue
-            with_shapes = True
-            groups.setdefault((e.name, *key, start < bwd_end), []).append(end - start)
+            group = (e.name, *key, start < bwd_end) if key is not None else ("", None, None, None, None, False)
+            with_shapes = with_shapes or key is not None
+            nests.setdefault(group, []).append(current)
+    timed = {k: [c[0] for c in v] for k, v in nests.items()}
+    total = sum(sum(v) for v in timed.values())
+    groups = {k: v for k, v in timed.items() if k[0]}  # calls without recorded inputs count in the total only
     shapes = [GemmShape(op=k[0], dims=k[1], dtypes=k[2], strides=k[3], concrete=k[4], backward=k[5],
                         calls=len(d), trace_us=float(sum(d))) for k, d in groups.items()]
     shapes.sort(key=lambda s: (-s.trace_us, s.op, str(s.dims)))
-    return GemmShapes(tuple(shapes), total, float(window), with_shapes)
+    return GemmShapes(tuple(shapes), total, float(window), with_shapes, "device" if device else "host")
+
+
+def _ext(e: _Event) -> int | None:
+    if not len(e.args):
+        return None
+    try:
+        v = _ARGS.decode(e.args).ext
+    except (msgspec.MsgspecError, ValueError):
+        return None
+    return v if isinstance(v, int) else None

@@ -160,6 +160,7 @@ def measure_gemm(run: rundir.RunDir, rank: int, trace: Path, meta: RankMeta | No
                 text = f"no result ({type(e).__name__})"
     seconds = time.perf_counter() - started
     base = {"rank": rank, "device": device, "gemm_us": found.total_us, "window_us": found.window_us,
+            "trace_timing": found.timing,
             "seconds": seconds}
     if result is None:
         why = (f"killed after {GEMM_TIMEOUT_S:g} s" if code is None else

@@ -99,3 +99,38 @@ def test_an_unreadable_trace_is_one_line(tmp_path: Path, content: bytes) -> None
     assert "\n" not in str(e.value) and "t.json" in str(e.value)
     with pytest.raises(ShapeError, match="no such file"):
         gemm_shapes(tmp_path / "absent.json")
+
+
+def gpu_trace(path: Path) -> None:
+    """A GPU trace as Kineto writes one: host operators with shapes, the kernels they
+    launched on a stream carrying the launching operator's External id."""
+    def op(name: str, ts: float, dur: float, ext: int, dims: list, types: list) -> dict:
+        return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
+                "args": {"External id": ext, "Input Dims": dims, "Input type": types,
+                         "Input Strides": [[], [], []][:len(dims)], "Concrete Inputs": [""] * len(dims)}}
+
+    def kernel(ts: float, dur: float, ext: int) -> dict:
+        return {"ph": "X", "cat": "kernel", "name": "ampere_sgemm_128x64_tn", "pid": 0, "tid": 7, "ts": ts, "dur": dur,
+                "args": {"External id": ext, "stream": 7, "device": 0, "correlation": ext + 1000}}
+
+    lin = [[64, 128], [256, 128], [256]]
+    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "pid": 1, "tid": 1, "ts": 0, "dur": 1000}]
+    for k, t in enumerate((10.0, 500.0)):
+        events += [op("aten::linear", t, 30.0, 10 + 4 * k, lin, ["float"] * 3),
+                   op("aten::t", t + 1, 2.0, 11 + 4 * k, [[256, 128]], ["float"]),
+                   op("aten::addmm", t + 5, 20.0, 12 + 4 * k, [[256], [64, 128], [128, 256], [], []],
+                      ["float", "float", "float", "Scalar", "Scalar"]),
+                   kernel(t + 40, 75.0, 12 + 4 * k)]  # the kernel runs after its launch
+    events.append(op("aten::mm", 900.0, 5.0, 99, [[8, 8], [8, 8]], ["float"] * 2))
+    events.append(kernel(920.0, 3.0, 99))
+    events.append(kernel(930.0, 50.0, 555))  # launched by no GEMM operator
+    path.write_text(json.dumps({"traceEvents": events}))
+
+
+def test_on_a_gpu_an_operator_weighs_the_kernels_its_nest_launched(tmp_path: Path) -> None:
+    path = tmp_path / "gpu.json"
+    gpu_trace(path)
+    g = gemm_shapes(path)
+    assert g.timing == "device"
+    assert [(s.op, s.calls, s.trace_us) for s in g.shapes] == [("aten::linear", 2, 150.0), ("aten::mm", 1, 3.0)]
+    assert g.total_us == 153.0 and g.window_us == 1000
