@@ -199,7 +199,7 @@ def _sweep_sizes(metas: Mapping[int, RankMeta], points: Sequence[factors.CurvePo
 
 
 def measure_allreduce(run: rundir.RunDir, cmd: Sequence[str], host: str, metas: Mapping[int, RankMeta],
-                      python: str | None, environ: Mapping[str, str]) -> dict[str, Any]:
+                      python: str | None, environ: Mapping[str, str], launchers: int = 1) -> dict[str, Any]:
     """factors/allreduce.json: the run's own fit, else a sweep where the run can afford
     one, else the reason there is none. Returns the document."""
     from pardiag.analyzers import reduce
@@ -225,7 +225,8 @@ def measure_allreduce(run: rundir.RunDir, cmd: Sequence[str], host: str, metas: 
         return doc
     hosts = {m.host for m in metas.values()}
     why_not = (None if launcher_kind(cmd) == "torchrun" else "the job was not launched with torchrun")
-    why_not = why_not or (None if hosts == {host} and len(metas) == world else "the job ran on more than one node")
+    one_node = hosts == {host} and len(metas) == world and launchers <= 1
+    why_not = why_not or (None if one_node else "the job ran on more than one node (or torchrun agent)")
     why_not = why_not or (None if world <= SWEEP_MAX_RANKS else f"{world} ranks on this node (a sweep runs up to "
                                                                   f"{SWEEP_MAX_RANKS})")
     why_not = why_not or (None if backend in ("gloo", "nccl") else f"backend {backend} is not swept (gloo, nccl are)")
@@ -291,6 +292,10 @@ def measure_after_job(run: rundir.RunDir, cmd: Sequence[str], host: str, mine: S
 
     if exit_code != 0:
         return {"status": "skipped", "reason": f"the job exited with code {exit_code}"}
+    launchers = rundir.read_launcher_records(run)
+    here = sorted(int(l["pid"]) for l in launchers if l.get("host") == host and isinstance(l.get("pid"), int))
+    if here and os.getpid() != here[0]:  # several `pardiag run` of one job on this host: one measures
+        return {"status": "skipped", "reason": f"pardiag run {here[0]} on this host measures"}
     out: dict[str, Any] = {}
     try:
         metas = _metas(run)
@@ -322,7 +327,7 @@ def measure_after_job(run: rundir.RunDir, cmd: Sequence[str], host: str, mine: S
             if world > 1:
                 say("all_reduce latency and bandwidth: fitting the run's calls, or a short sweep "
                     f"(at most {SWEEP_TIMEOUT_S:g} s)")
-            doc = measure_allreduce(run, cmd, host, metas, python, environ)
+            doc = measure_allreduce(run, cmd, host, metas, python, environ, launchers=len(launchers))
             out["allreduce"] = _status(doc)
             if doc.get("status") == "ok":
                 say(f"all_reduce ({doc['source']}): {doc['alpha_us']:.0f} us + {doc['beta_us_per_byte'] * 1e3:.3f} us/KB")

@@ -93,3 +93,14 @@ def test_a_measurement_past_its_time_is_killed(run: rundir.RunDir, tmp_path: Pat
 def test_a_failed_job_is_not_measured(run: rundir.RunDir) -> None:
     got = measure.measure_after_job(run, [sys.executable, "train.py"], "host", [0], 3, os.environ, quiet=True)
     assert got == {"status": "skipped", "reason": "the job exited with code 3"}
+
+
+def test_of_two_pardiag_runs_of_one_job_on_one_host_one_measures(tmp_path: Path) -> None:
+    from pardiag import manifest
+
+    run = rundir.RunDir(tmp_path)
+    for pid in (1, os.getpid()):  # two torchrun agents of one job, each under its own pardiag run
+        manifest.write_launcher_record(run, {"host": "node0", "pid": pid, "status": "ended"})
+    got = measure.measure_after_job(run, [sys.executable, "train.py"], "node0", [0], 0, os.environ, quiet=True)
+    assert got == {"status": "skipped", "reason": "pardiag run 1 on this host measures"}
+    assert not run.factors_dir.exists()
