@@ -336,15 +336,13 @@ def measure_after_job(run: rundir.RunDir, cmd: Sequence[str], host: str, mine: S
     except Exception as e:  # a measurement never fails the run
         out["error"] = f"{type(e).__name__}: {e}"[:300]
         say(f"warning: measuring the factors failed: {out['error']}")
-    states = [v.get("status") for v in out.values() if isinstance(v, dict)]
+    parts = {k: v for k, v in out.items() if isinstance(v, dict)}
+    states = {v.get("status") for v in parts.values()}
+    others = "; ".join(f"{k}: {v.get('reason')}" for k, v in parts.items() if v.get("status") != "ok")
     if "error" in out:
         out.update(status="failed", reason=out.pop("error"))
-    elif states and all(s == "ok" for s in states):
-        out.update(status="ok", reason=None)
-    elif "ok" in states:
-        out.update(status="partial", reason="; ".join(f"{k}: {v.get('reason')}" for k, v in out.items()
-                                                    if isinstance(v, dict) and v.get("status") != "ok"))
+    elif "ok" in states:  # what does not apply (one process, another node's rank) is no failure
+        out.update(status="partial" if "failed" in states else "ok", reason=others or None)
     else:
-        out.update(status="failed" if "failed" in states else "skipped",
-                   reason="; ".join(f"{k}: {v.get('reason')}" for k, v in out.items() if isinstance(v, dict)))
+        out.update(status="failed" if "failed" in states else "skipped", reason=others or None)
     return out
