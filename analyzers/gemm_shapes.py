@@ -31,6 +31,7 @@ GEMM_OPS = re.compile(
     r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|conv[123]d|convolution|_convolution|convolution_backward)$")
 BACKWARD_SPAN = "autograd::engine::evaluate_function"
 STEP_PREFIX = "ProfilerStep#"
+_CATEGORIES = frozenset({"cpu_op", "kernel", "user_annotation"})  # operators, kernels, steps
 MAX_TRACE_BYTES = 4 << 30  # decompressed; larger traces are not read for shapes
 
 
@@ -138,55 +139,57 @@ def gemm_shapes(path: str | Path) -> GemmShapes:
         raise ShapeError(f"{p}: no such file") from None
     except (OSError, EOFError, msgspec.MsgspecError, ValueError) as e:
         raise ShapeError(f"{p.name}: unreadable trace ({type(e).__name__}: {e})") from None
-    events = [e for e in doc.traceEvents or () if e.dur is not None and e.ts is not None and e.name]
+    events = [_Op(e.name, e.cat or "", e.pid, e.tid, float(e.ts), float(e.dur), e.args)
+              for e in doc.traceEvents or ()
+              if e.dur is not None and e.ts is not None and e.name and e.cat in _CATEGORIES]
     steps = [e for e in events if e.name.startswith(STEP_PREFIX) and e.cat != "gpu_user_annotation"]
-    lo = min((e.ts for e in steps), default=float("-inf"))  # type: ignore[type-var]
-    hi = max((e.ts + e.dur for e in steps), default=float("inf"))  # type: ignore[operator]
+    lo = min((e.ts for e in steps), default=float("-inf"))
+    hi = max((e.ts + e.dur for e in steps), default=float("inf"))
     window = (hi - lo) if steps else 0.0
 
     # GPU traces: an operator's time is its kernels' (the host only launches them), found
     # through the External id each kernel shares with the operator that launched it
     kernel_us: dict[int, float] = {}
-    for e in events:
-        if e.cat == "kernel":
-            ext = _ext(e)
+    for k in events:
+        if k.cat == "kernel":
+            ext = _ext(k.args)
             if ext is not None:
-                kernel_us[ext] = kernel_us.get(ext, 0.0) + float(e.dur)  # type: ignore[arg-type]
+                kernel_us[ext] = kernel_us.get(ext, 0.0) + k.dur
     device = bool(kernel_us)
 
-    per_thread: dict[tuple[Any, Any], list[_Event]] = {}
-    for e in events:
-        if e.cat == "cpu_op" and (device or GEMM_OPS.match(e.name) or e.name.startswith(BACKWARD_SPAN)):
-            per_thread.setdefault((e.pid, e.tid), []).append(e)
+    per_thread: dict[tuple[Any, Any], list[_Op]] = {}
+    for o in events:
+        if o.cat == "cpu_op" and (device or GEMM_OPS.match(o.name) or o.name.startswith(BACKWARD_SPAN)):
+            per_thread.setdefault((o.pid, o.tid), []).append(o)
     nests: dict[tuple[Any, ...], list[list[float]]] = {}
     with_shapes = False
-    for evs in per_thread.values():
-        evs.sort(key=lambda e: (e.ts, -(e.dur or 0.0)))
+    for ops in per_thread.values():
+        ops.sort(key=lambda o: (o.ts, -o.dur))
         gemm_end = float("-inf")
         bwd_end = float("-inf")
         current: list[float] | None = None  # the time of the GEMM nest being read
-        for e in evs:
-            start, end = float(e.ts), float(e.ts) + float(e.dur)  # type: ignore[arg-type]
-            if e.name.startswith(BACKWARD_SPAN):
+        for o in ops:
+            start, end = o.ts, o.ts + o.dur
+            if o.name.startswith(BACKWARD_SPAN):
                 bwd_end = max(bwd_end, end)
                 continue
             if start < gemm_end:  # nested in a GEMM operator already counted: its kernels are the nest's
                 if device and current is not None:
-                    current[0] += kernel_us.get(_ext(e) or -1, 0.0)
+                    current[0] += kernel_us.get(_ext(o.args) or -1, 0.0)
                 continue
-            if not GEMM_OPS.match(e.name):
+            if not GEMM_OPS.match(o.name):
                 continue
             gemm_end = end
             current = None
             if start < lo or start >= hi:
                 continue
             try:
-                a = _ARGS.decode(e.args) if len(e.args) else _Args()
+                a = _ARGS.decode(o.args) if len(o.args) else _Args()
             except (msgspec.MsgspecError, ValueError):
                 a = _Args()
             current = [kernel_us.get(a.ext, 0.0) if device and isinstance(a.ext, int) else (end - start)]
             key = _key_of(a)
-            group = (e.name, *key, start < bwd_end) if key is not None else ("", None, None, None, None, False)
+            group = (o.name, *key, start < bwd_end) if key is not None else ("", None, None, None, None, False)
             with_shapes = with_shapes or key is not None
             nests.setdefault(group, []).append(current)
     timed = {k: [c[0] for c in v] for k, v in nests.items()}
@@ -198,11 +201,22 @@ def gemm_shapes(path: str | Path) -> GemmShapes:
     return GemmShapes(tuple(shapes), total, float(window), with_shapes, "device" if device else "host")
 
 
-def _ext(e: _Event) -> int | None:
-    if not len(e.args):
+@dataclass(frozen=True)
+class _Op:
+    name: str
+    cat: str
+    pid: Any
+    tid: Any
+    ts: float
+    dur: float
+    args: msgspec.Raw
+
+
+def _ext(args: msgspec.Raw) -> int | None:
+    if not len(args):
         return None
     try:
-        v = _ARGS.decode(e.args).ext
+        v = _ARGS.decode(args).ext
     except (msgspec.MsgspecError, ValueError):
         return None
     return v if isinstance(v, int) else None
