@@ -104,3 +104,22 @@ def test_of_two_pardiag_runs_of_one_job_on_one_host_one_measures(tmp_path: Path)
     got = measure.measure_after_job(run, [sys.executable, "train.py"], "node0", [0], 0, os.environ, quiet=True)
     assert got == {"status": "skipped", "reason": "pardiag run 1 on this host measures"}
     assert not run.factors_dir.exists()
+
+
+@pytest.mark.parametrize("cmd, world, hosts, words", [
+    (["python", "train.py"], 2, ["node0", "node0"], "no sweep: the job was not launched with torchrun"),
+    (["torchrun", "--nproc-per-node", "2", "train.py"], 2, ["node0", "node1"], "no sweep: the job ran on more than one node"),
+    (["torchrun", "--nproc-per-node", "16", "train.py"], 16, ["node0"] * 16, "16 ranks on this node (a sweep runs up to 8)"),
+    (["torchrun", "train.py"], 1, ["node0"], "one process: no all_reduce between ranks"),
+])
+def test_where_no_sweep_is_affordable_the_file_says_why(tmp_path: Path, cmd: list[str], world: int,
+                                                        hosts: list[str], words: str) -> None:
+    from pardiag.rank_meta import RankMeta
+
+    run = rundir.RunDir(tmp_path)
+    metas = {r: RankMeta.from_mapping({"rank": r, "world_size": world, "host": h, "backend": "gloo"})
+             for r, h in enumerate(hosts)}
+    doc = measure.measure_allreduce(run, cmd, "node0", metas, sys.executable, os.environ)
+    assert doc["status"] == "skipped" and words in doc["reason"]
+    got = factors.read_comm(tmp_path)
+    assert got.value is None and words in (got.reason or "")
