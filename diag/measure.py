@@ -22,9 +22,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from pardiag import rundir
 from pardiag.analyzers import factors
@@ -60,12 +62,13 @@ def _run_bounded(argv: list[str], env: dict[str, str], timeout_s: float) -> tupl
     with tempfile.TemporaryFile() as out:
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+        code: int | None = None
         try:
-            code: int | None = proc.wait(timeout=timeout_s)
+            code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            code = None
-        finally:
-            if proc.poll() is None or code is None:
+            pass
+        finally:  # past its time, or pardiag interrupted: the whole group goes
+            if code is None:
                 try:
                     os.killpg(proc.pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
@@ -292,12 +295,36 @@ def measure_after_job(run: rundir.RunDir, cmd: Sequence[str], host: str, mine: S
 
     if exit_code != 0:
         return {"status": "skipped", "reason": f"the job exited with code {exit_code}"}
-    launchers = rundir.read_launcher_records(run)
-    here = sorted(int(l["pid"]) for l in launchers if l.get("host") == host and isinstance(l.get("pid"), int))
-    if here and os.getpid() != here[0]:  # several `pardiag run` of one job on this host: one measures
-        return {"status": "skipped", "reason": f"pardiag run {here[0]} on this host measures"}
+    with _interruptible():
+        return _measure(run, cmd, host, mine, environ, say)
+
+
+@contextmanager
+def _interruptible() -> Iterator[None]:
+    """SIGTERM and SIGHUP while measuring stop the measurement as Ctrl-C does, so that
+    `pardiag run` still writes the manifest (a scheduler's end of job, a closed terminal)."""
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for s in (signal.SIGTERM, signal.SIGHUP):
+            previous[s] = signal.signal(s, stop)
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _measure(run: rundir.RunDir, cmd: Sequence[str], host: str, mine: Sequence[int], environ: Mapping[str, str],
+             say: Callable[[str], None]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     try:
+        launchers = rundir.read_launcher_records(run)
+        here = sorted(int(l["pid"]) for l in launchers if l.get("host") == host and isinstance(l.get("pid"), int))
+        if here and os.getpid() != here[0]:  # several `pardiag run` of one job on this host: one measures
+            return {"status": "skipped", "reason": f"pardiag run {here[0]} on this host measures"}
         metas = _metas(run)
         traced = [r for r in run.ranks() if run.find_trace(r)[0] is not None]
         python = job_interpreter(metas, cmd, environ)
@@ -333,6 +360,9 @@ def measure_after_job(run: rundir.RunDir, cmd: Sequence[str], host: str, mine: S
                 say(f"all_reduce ({doc['source']}): {doc['alpha_us']:.0f} us + {doc['beta_us_per_byte'] * 1e3:.3f} us/KB")
             elif world > 1:
                 say(f"all_reduce curve: {doc.get('reason')}")
+    except KeyboardInterrupt:  # Ctrl-C while measuring: the run's files and manifest are still written
+        out["error"] = "interrupted"
+        say("measuring the factors was interrupted")
     except Exception as e:  # a measurement never fails the run
         out["error"] = f"{type(e).__name__}: {e}"[:300]
         say(f"warning: measuring the factors failed: {out['error']}")

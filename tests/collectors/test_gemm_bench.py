@@ -123,3 +123,24 @@ def test_where_no_sweep_is_affordable_the_file_says_why(tmp_path: Path, cmd: lis
     assert doc["status"] == "skipped" and words in doc["reason"]
     got = factors.read_comm(tmp_path)
     assert got.value is None and words in (got.reason or "")
+
+
+def test_a_sigterm_while_measuring_stops_it_and_still_returns(run: rundir.RunDir, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import signal
+    import threading
+
+    other = rundir.RunDir(tmp_path)
+    other.rank_dir(0).mkdir(parents=True)
+    (other.rank_dir(0) / "trace.json").write_bytes(run.trace(0).read_bytes())
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(measure, "GEMM_BUDGET_S", 60.0)  # it would run past the signal
+    monkeypatch.setattr(measure, "GEMM_TIMEOUT_S", 60.0)
+    timer.start()
+    try:
+        got = measure.measure_after_job(other, [sys.executable, "train.py"], "h", [0], 0, os.environ, quiet=True)
+    finally:
+        timer.cancel()
+    assert got["status"] == "failed" and got["reason"] == "interrupted"
+    assert signal.getsignal(signal.SIGTERM) is before
