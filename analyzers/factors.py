@@ -241,8 +241,10 @@ def fit_run(collectives: Mapping[int, Sequence[CollectiveCall]]) -> Read[CommCur
 
 
 def read_comm(run_dir: str | Path, collectives: Mapping[int, Sequence[CollectiveCall]] | None = None) -> Read[CommCurve]:
-    """The all_reduce curve: fitted to `collectives` (per rank, in issue order) when their
-    sizes span enough, else the one in ``factors/allreduce.json``."""
+    """The all_reduce curve: fitted to `collectives` (each rank's calls in issue order, as
+    `RankTrace.collectives`) when their sizes span enough and the line explains them, else
+    the one in ``factors/allreduce.json`` (which `pardiag run` wrote from the same fit, or
+    from a sweep): a run directory alone is enough."""
     why_not_fit = None
     if collectives:
         fitted = fit_run(collectives)
@@ -267,6 +269,8 @@ def _read_curve(path: Path) -> Read[CommCurve]:
         if not (math.isfinite(alpha) and math.isfinite(beta)) or alpha < 0 or beta < 0:
             return Read(None, "allreduce.json: alpha and beta must be finite and not negative")
         kind = str(doc["source"])
+        if kind not in ("fit", "sweep"):
+            return Read(None, f"allreduce.json: unknown source {kind!r}")
         source = (f"sweep after the job: all_reduce timed at {len(pts)} sizes on {doc.get('world_size')} ranks "
                   f"({doc.get('backend')})" if kind == "sweep" else
                   f"fit of this run's {sum(p.n for p in pts)} all_reduce calls")

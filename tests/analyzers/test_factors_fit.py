@@ -176,6 +176,7 @@ def test_comm_curve_prefers_the_runs_own_fit_and_else_reads_the_sweep(tmp_path: 
     (sweep_doc(format_version=7), "newer than this pardiag reads"),
     (sweep_doc(alpha_us=-1.0), "not negative"),
     (sweep_doc(alpha_us="fast"), "unreadable (ValueError"),
+    (sweep_doc(source="guess"), "unknown source 'guess'"),
     (sweep_doc(status="skipped", reason="one process: no all_reduce between ranks"), "one process"),
 ])
 def test_an_allreduce_file_that_cannot_be_used_is_refused_in_one_line(tmp_path: Path, content: object,
