@@ -149,9 +149,12 @@ def time_shape(shape: dict[str, Any], device: str, half: torch.dtype, budget_s: 
             _sync(device)
         est = max(timer.batch(run_fp32, 1), timer.batch(run_half, 1), 1e-7)
         inner = max(1, min(1000, int(BATCH_S / est)))
-        spent = time.perf_counter() - t0
-        repeats = int((budget_s - spent) / (2 * est * inner)) if budget_s > spent else 0
-        repeats = max(1 if budget_s - spent < 2 * est * inner * MIN_REPEATS else MIN_REPEATS, min(MAX_REPEATS, repeats))
+        left = budget_s - (time.perf_counter() - t0)
+        per_repeat = 2 * est * inner  # one batch of each precision
+        # as many repeats as the budget holds, up to MAX_REPEATS; a shape too large for
+        # MIN_REPEATS gets one (big shapes vary least)
+        repeats = max(0, min(MAX_REPEATS, int(left / per_repeat)))
+        repeats = max(repeats, MIN_REPEATS if left >= per_repeat * MIN_REPEATS else 1)
         fp32, hal = [], []
         for _ in range(repeats):
             fp32.append(timer.batch(run_fp32, inner))
