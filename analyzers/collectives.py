@@ -179,3 +179,26 @@ def clock_offsets(per_rank_ends: Mapping[int, Sequence[tuple[tuple[str, int | No
 
 def end_times(calls: Sequence[CollectiveCall], base_us: float = 0.0) -> list[tuple[tuple[str, int | None, int], float]]:
     return [(k, base_us + c.start_us + c.dur_us) for k, c in zip(_key(calls), calls)]
+
+
+def transfers(per_rank: Mapping[int, Sequence[CollectiveCall]], op: str = "all_reduce") -> list[tuple[int, float]]:
+    """(bytes, transfer time) of each collective `op` matched across ranks as `match`
+    matches them (waiting left out: the shortest duration across ranks); instances seen on
+    one rank of several, of different ops or sizes on different ranks, unsized, or whose
+    kernels the trace lacks are left out."""
+    instances: dict[tuple[str, int | None, int], dict[int, CollectiveCall]] = defaultdict(dict)
+    for rank, calls in sorted(per_rank.items()):
+        for key, call in zip(_key(calls), calls):
+            instances[key][rank] = call
+    out = []
+    for key in sorted(instances, key=lambda k: (k[0], -1 if k[1] is None else k[1], k[2])):
+        by_rank = instances[key]
+        if {c.op for c in by_rank.values()} != {op} or (len(by_rank) < 2 and len(per_rank) > 1):
+            continue
+        sizes = {c.bytes for c in by_rank.values()}
+        if len(sizes) != 1 or not next(iter(sizes)) or any(c.timing == "launch" for c in by_rank.values()):
+            continue
+        transfer = min(c.dur_us for c in by_rank.values())
+        if transfer > 0:
+            out.append((int(next(iter(sizes))), float(transfer)))  # type: ignore[arg-type]
+    return out

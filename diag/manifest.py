@@ -119,6 +119,10 @@ def _collector_status(
     telemetry = [l.get("telemetry") for l in launchers if l.get("telemetry")]
     status["telemetry"] = telemetry[0] if telemetry else {"status": "skipped", "reason": "not recorded"}
 
+    measured = [l["factors"] for l in launchers if isinstance(l.get("factors"), dict)]
+    if measured:  # the node that measured (the lowest rank's) speaks for the run
+        status["factors"] = next((m for m in measured if m.get("status") in ("ok", "partial", "failed")), measured[0])
+
     boot = sorted(run.bootstrap_errors_dir.glob("*.txt")) if run.bootstrap_errors_dir.is_dir() else []
     if boot:
         status["bootstrap"] = {

@@ -160,6 +160,7 @@ def record(
     report: bool = True,
     extra_env: dict[str, str] | None = None,
     telemetry_interval: float = 0.1,
+    measure: bool = True,
 ) -> int:
     from pardiag.collectors import nvml
 
@@ -237,6 +238,12 @@ def record(
     mine = ranks_on_host(run, host)
     compress_traces(run, mine)
     reduce_traces(run, host, mine)
+    if measure:
+        from pardiag.measure import measure_after_job
+
+        rec["factors"] = measure_after_job(run, cmd, host, mine, result.exit_code, os.environ, quiet=quiet)
+    else:
+        rec["factors"] = {"status": "skipped", "reason": "--no-measure"}
     try:
         manifest.write_launcher_record(run, rec)
         doc = manifest.write(run)

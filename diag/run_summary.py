@@ -26,12 +26,12 @@ def print_run_summary(
     )
     col = doc.get("collectors") or {}
     parts = []
-    for name in ("steps", "meta", "profiler", "nccl", "telemetry", "flight_recorder", "bootstrap"):
+    for name in ("steps", "meta", "profiler", "nccl", "telemetry", "flight_recorder", "factors", "bootstrap"):
         if name in col:
             st = col[name].get("status", "?")
             parts.append(f"{name} [{STATUS_STYLE.get(st, '')}]{st}[/]")
     console.print("collectors: " + ", ".join(parts))
-    for name in ("steps", "profiler", "nccl", "telemetry", "bootstrap"):
+    for name in ("steps", "profiler", "nccl", "telemetry", "factors", "bootstrap"):
         reason = (col.get(name) or {}).get("reason")
         if reason and (col.get(name) or {}).get("status") != "ok":
             console.print(f"  {name}: {reason}", markup=False, style="dim")

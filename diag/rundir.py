@@ -24,6 +24,10 @@ per-node directories from that list::
       nccl/<host>.<pid>.log         NCCL_DEBUG output
       flight/                       PyTorch flight-recorder dumps
       logs/                         launcher stdout/stderr copies, bootstrap errors
+      factors/gemm.json             the job's top GEMM shapes timed in fp32 and bf16/fp16 after
+                                    the job, on its host (pardiag.analyzers.factors reads it)
+      factors/allreduce.json        all_reduce time = alpha + bytes * beta: fitted to the run's
+                                    calls, or a short sweep after the job
       analysis.json                 cached Analysis
       report.html
 
@@ -87,6 +91,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("nccl", "dir", "collected"),
     Entry("flight", "dir", "collected"),
     Entry("logs", "dir", "collected"),
+    Entry("factors", "dir", "collected"),  # measured after the job, on the node of the lowest rank
     Entry("manifest.json", "file", "derived"),
     Entry("analysis.json", "file", "derived"),
     Entry("report.html", "file", "derived"),
@@ -125,6 +130,19 @@ class RunDir:
     @property
     def flight_dir(self) -> Path:
         return self.root / "flight"
+
+    @property
+    def factors_dir(self) -> Path:
+        """Speed-up factors measured after the job (pardiag.analyzers.factors)."""
+        return self.root / "factors"
+
+    @property
+    def gemm_factor(self) -> Path:
+        return self.factors_dir / "gemm.json"
+
+    @property
+    def allreduce_factor(self) -> Path:
+        return self.factors_dir / "allreduce.json"
 
     @property
     def telemetry_dir(self) -> Path:

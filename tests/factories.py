@@ -529,6 +529,10 @@ def node_run(root: Path, host: str, pid: int, rank: int, complete: bool) -> RunD
     run.stream_log(host, pid, "stdout").write_text("loss 1.0\n")
     run.stream_log(host, pid, "stderr").write_text("")
     run.bootstrap_error(host, pid).write_text("collector failed to install\n")
+    if rank == 0:  # the node of the lowest rank measures the factors
+        run.factors_dir.mkdir()
+        rundir.atomic_write_json(run.gemm_factor, {"format": "pardiag.gemm-factor", "format_version": 1,
+                                                   "status": "skipped", "reason": "the trace has no shapes"})
     manifest.write(run)
     rundir.atomic_write_json(run.analysis, {"schema": "pardiag.analysis"})
     run.report.write_text("<html></html>")

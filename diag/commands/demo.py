@@ -24,6 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc", type=int, default=2, help="ranks to start (default: 2)")
     p.add_argument("--epochs", type=int, default=1, help="epochs of the example (default: 1)")
     p.add_argument("--quiet", "-q", action="store_true", help="print only the run directory at the end")
+    p.add_argument("--no-measure", action="store_true",
+                   help="after the job, do not time its GEMM shapes nor sweep all_reduce sizes (factors/)")
     p.add_argument("example_args", nargs=argparse.REMAINDER, help="more options for the example, after --")
 
 
@@ -53,4 +55,4 @@ def execute(args: argparse.Namespace) -> int:
                         "or run pardiag demo from the environment that has torch") from None
     out = args.out or str(Path("pardiag-runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}")
     run = choose_run_dir(out, cmd, None)
-    return record(run, cmd, CollectorConfig(), None, quiet=args.quiet)
+    return record(run, cmd, CollectorConfig(), None, quiet=args.quiet, measure=not args.no_measure)

@@ -47,6 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--telemetry-interval", type=float, default=0.1, metavar="SECONDS",
                    help="GPU telemetry (NVML) sampling interval; 0 turns it off (default: 0.1)")
     p.add_argument("--no-report", action="store_true", help="do not write report.html after the run")
+    p.add_argument("--no-measure", action="store_true",
+                   help="after the job, do not time its top GEMM shapes in fp32 and bf16/fp16 nor sweep all_reduce "
+                        "sizes (factors/; at most about 20 s and 30 s)")
     p.add_argument("--quiet", "-q", action="store_true", help="print only the run directory at the end")
     p.add_argument("--no-torch-check", action="store_true",
                    help="start the command even when its Python seems to have no torch")
@@ -70,7 +73,8 @@ def execute(args: argparse.Namespace) -> int:
     if args.telemetry_interval < 0:
         raise UserError("--telemetry-interval must be 0 (off) or a positive number of seconds")
     return record(run, cmd, cfg, job_key, nccl_log=not args.no_nccl_log, quiet=args.quiet,
-                  report=not args.no_report, extra_env=extra_env, telemetry_interval=args.telemetry_interval)
+                  report=not args.no_report, extra_env=extra_env, telemetry_interval=args.telemetry_interval,
+                  measure=not args.no_measure)
 
 
 def parse_size(text: str) -> int:

@@ -157,7 +157,7 @@ def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     plain = subprocess.run(command(job), cwd=plain_dir, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     env = job_env(traced_dir, "job") | job.env
     out = traced_dir / "run"
-    traced = subprocess.run([sys.executable, "-m", "pardiag", "run", "--out", str(out), "--", *command(job)],
+    traced = subprocess.run([sys.executable, "-m", "pardiag", "run", "--no-measure", "--out", str(out), "--", *command(job)],
                             cwd=traced_dir, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     for res, where in ((plain, plain_dir), (traced, traced_dir)):  # kept for a failure's post-mortem
         (where / "stdout.log").write_text(res.stdout)

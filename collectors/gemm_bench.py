@@ -1,0 +1,205 @@
+"""Time a job's matrix-multiply and convolution shapes in fp32 and in a lower precision.
+
+`pardiag run` starts this file, after the job, with the job's own Python (which has
+torch; pardiag's environment may not), on the host and device type the job used::
+
+    python gemm_bench.py SPEC.json OUT.json
+
+SPEC names the device type, the threads the job used, its TF32 settings, a time budget
+and the shapes (`pardiag.analyzers.gemm_shapes.GemmShape.to_dict`). Each shape's
+operator is called through the dispatcher (``torch.ops.aten.<op>``) with inputs of the
+recorded sizes, strides and argument values:
+
+* fp32: floating inputs in float32, as the job ran them;
+* half (bf16 on a CPU, bf16 on a GPU that supports it, else fp16): a forward operator
+  with float32 inputs under ``torch.autocast``, so the casts autocast adds are timed
+  with it; a backward operator (called by autograd's engine) with its inputs already in
+  the half type, as autocast's saved activations and gradients are.
+
+The two are timed alternately (so that other work on the host slows both alike), in
+batches of calls long enough for the clock, after a warm-up: the median of the batches'
+per-call time. On a GPU with CUDA events around each batch. The file imports only torch
+and the standard library: it runs in a separate process and never inside the job.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import platform
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import torch
+
+FLOAT_TYPES = {"float": torch.float32, "double": torch.float64, "c10::Half": torch.float16,
+               "c10::BFloat16": torch.bfloat16}
+INT_TYPES = {"long int": torch.int64, "int": torch.int32, "short int": torch.int16,
+             "signed char": torch.int8, "unsigned char": torch.uint8, "bool": torch.bool}
+BATCH_S = 2e-4  # a timed batch lasts at least this long
+MIN_REPEATS, MAX_REPEATS = 3, 25
+
+
+def device_name(device: str) -> str:
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def half_dtype(device: str) -> torch.dtype:
+    if device == "cuda" and not torch.cuda.is_bf16_supported():
+        return torch.float16
+    return torch.bfloat16
+
+
+def _tensor(dims: list[int], strides: list[int] | None, dtype: torch.dtype, device: str) -> torch.Tensor:
+    if strides is None or len(strides) != len(dims) or any(s < 0 for s in strides):
+        strides = list(torch.empty(dims, device="meta").stride())
+    storage = 1 + sum((d - 1) * s for d, s in zip(dims, strides) if d > 0) if all(d > 0 for d in dims) else 0
+    if dtype.is_floating_point:
+        base = torch.randn(storage, dtype=torch.float32, device=device).to(dtype)
+    elif dtype == torch.bool:
+        base = torch.ones(storage, dtype=dtype, device=device)
+    else:
+        base = torch.randint(0, 2, (storage,), dtype=dtype, device=device)
+    return base.as_strided(dims, strides)
+
+
+def _value(text: str) -> Any:
+    if text == "":
+        raise ValueError("an argument's value was not recorded")
+    return ast.literal_eval(text)
+
+
+def build_args(shape: dict[str, Any], floats: torch.dtype, device: str) -> list[Any]:
+    """The operator's arguments: tensors of the recorded sizes and strides (floating ones
+    in `floats`), the recorded values of the others."""
+    args: list[Any] = []
+    for dims, typ, strides, conc in zip(shape["dims"], shape["dtypes"], shape["strides"], shape["concrete"]):
+        if typ in FLOAT_TYPES or typ in INT_TYPES:
+            if dims is None:
+                raise ValueError(f"input of type {typ} has no recorded size")
+            dtype = floats if typ in FLOAT_TYPES else INT_TYPES[typ]
+            args.append(_tensor(dims, strides, dtype, device))
+        elif typ == "":
+            args.append(None)  # an optional tensor not given (a linear without bias)
+        elif typ in ("Scalar", "ScalarList"):
+            args.append(_value(conc))
+        else:
+            raise ValueError(f"input type {typ!r} cannot be made again")
+    return args
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+class Timer:
+    def __init__(self, device: str) -> None:
+        self.device = device
+
+    def batch(self, fn: Callable[[], Any], inner: int) -> float:
+        """Seconds per call of `fn`, over `inner` calls."""
+        if self.device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(inner):
+                fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3 / inner
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        return (time.perf_counter() - t0) / inner
+
+
+def time_shape(shape: dict[str, Any], device: str, half: torch.dtype, budget_s: float) -> dict[str, Any]:
+    """{fp32_us, half_us, speedup, repeats} for one shape, within about `budget_s`."""
+    op = getattr(torch.ops.aten, shape["op"].split("::", 1)[1])
+    with torch.no_grad():
+        a32 = build_args(shape, torch.float32, device)
+        if shape.get("backward"):
+            ah = build_args(shape, half, device)
+
+            def run_half() -> Any:
+                return op(*ah)
+        else:
+            def run_half() -> Any:
+                with torch.autocast(device_type=device, dtype=half):
+                    return op(*a32)
+
+        def run_fp32() -> Any:
+            return op(*a32)
+
+        timer = Timer(device)
+        t0 = time.perf_counter()
+        for fn in (run_fp32, run_half):  # warm-up: kernels chosen, caches filled, autocast's paths taken
+            fn()
+            _sync(device)
+        est = max(timer.batch(run_fp32, 1), timer.batch(run_half, 1), 1e-7)
+        inner = max(1, min(1000, int(BATCH_S / est)))
+        left = budget_s - (time.perf_counter() - t0)
+        per_repeat = 2 * est * inner  # one batch of each precision
+        # as many repeats as the budget holds, up to MAX_REPEATS; a shape too large for
+        # MIN_REPEATS gets one (big shapes vary least)
+        repeats = max(0, min(MAX_REPEATS, int(left / per_repeat)))
+        repeats = max(repeats, MIN_REPEATS if left >= per_repeat * MIN_REPEATS else 1)
+        fp32, hal = [], []
+        for _ in range(repeats):
+            fp32.append(timer.batch(run_fp32, inner))
+            hal.append(timer.batch(run_half, inner))
+    f, h = statistics.median(fp32) * 1e6, statistics.median(hal) * 1e6
+    return {"fp32_us": f, "half_us": h, "speedup": f / h if h > 0 else None, "repeats": repeats, "calls_per_repeat": inner}
+
+
+def main(argv: list[str]) -> int:
+    spec_path, out_path = argv[1], argv[2]
+    with open(spec_path) as f:
+        spec = json.load(f)
+    started = time.perf_counter()
+    device = spec.get("device") or "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("the job ran on CUDA but this process sees no CUDA device")
+    if device not in ("cpu", "cuda"):
+        raise SystemExit(f"device type {device!r} is not measured (cpu and cuda are)")
+    if spec.get("threads"):
+        torch.set_num_threads(int(spec["threads"]))
+    if device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = bool(spec.get("cuda_matmul_allow_tf32", False))
+        torch.backends.cudnn.allow_tf32 = bool(spec.get("cudnn_allow_tf32", True))
+    half = half_dtype(device)
+    budget = float(spec.get("budget_s", 15.0))
+    rows = []
+    shapes = spec.get("shapes") or []
+    for i, shape in enumerate(shapes):
+        left = budget - (time.perf_counter() - started)
+        row: dict[str, Any] = {"index": i}
+        if left <= 0:
+            row["error"] = "not timed: the time budget was spent"
+        else:
+            try:
+                row.update(time_shape(shape, device, half, left / (len(shapes) - i)))
+            except Exception as e:  # one shape that cannot be run again does not stop the others
+                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+        rows.append(row)
+    doc = {"device": device, "device_name": device_name(device), "torch": torch.__version__,
+           "threads": torch.get_num_threads(), "half_dtype": str(half).removeprefix("torch."),
+           "rows": rows, "seconds": time.perf_counter() - started}
+    with open(out_path, "w") as f:
+        json.dump(doc, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,378 @@
+"""Speed-up factors measured after the job, on its own host: what `pardiag run` does
+once the training command has exited 0 (`--no-measure` skips it).
+
+* GEMM: the top matrix-multiply/convolution shapes of the lowest rank's trace, timed in
+  fp32 and in bf16/fp16 by `pardiag.collectors.gemm_bench`, run with the job's Python
+  on the job's device type -> ``factors/gemm.json``.
+* all_reduce: the latency/bandwidth curve fitted to the run's own calls when their sizes
+  span enough; otherwise, for a single-node torchrun job of at most 8 ranks, a short
+  sweep by `pardiag.collectors.comm_sweep` under torchrun with the job's world size and
+  backend -> ``factors/allreduce.json``.
+
+Both run in processes of their own after the job: nothing of the job changes. Each is
+bounded in time and killed past it; a failure is one line in the file and in the
+manifest (``collectors.factors``), and never changes `pardiag run`'s exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from pardiag import rundir
+from pardiag.analyzers import factors
+from pardiag.rank_meta import RankMeta
+
+TOP_SHAPES = 8
+GEMM_TIMEOUT_S = 20.0  # the whole measurement, the interpreter's start and torch's import included
+GEMM_BUDGET_S = 10.0  # of it, the timing itself
+SWEEP_TIMEOUT_S = 30.0
+SWEEP_BUDGET_S = 12.0
+SWEEP_MAX_RANKS = 8
+SWEEP_FACTORS = (0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)  # times the median bucket
+SWEEP_MAX_BYTES = 256 << 20
+# The job's Python, started without the user's sitecustomize/usercustomize (as
+# torch_check's probe): the measurement is not the job.
+PRELUDE = ("import sys; sys.modules['sitecustomize'] = sys.modules['usercustomize'] = None; "
+           "import site; site.main(); import runpy; ")
+
+
+def _collector_file(name: str) -> Path:
+    from pardiag import collectors
+
+    return Path(collectors.__file__).resolve().parent / name
+
+
+def _env(environ: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in environ.items() if not k.startswith("PARDIAG_")}
+
+
+def _run_bounded(argv: list[str], env: dict[str, str], timeout_s: float) -> tuple[int | None, str]:
+    """(exit code, the tail of its output) of a process group killed after `timeout_s`
+    (exit code None then)."""
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        code: int | None = None
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:  # past its time, or pardiag interrupted: the whole group goes
+            if code is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                proc.wait()
+        out.seek(0)
+        text = out.read().decode("utf-8", "replace")
+    return code, text[-2000:]
+
+
+def _last_line(text: str) -> str:
+    lines = [l.strip() for l in text.strip().splitlines() if l.strip()]
+    return lines[-1][:300] if lines else "no output"
+
+
+def _metas(run: rundir.RunDir) -> dict[int, RankMeta]:
+    out = {}
+    for r in run.ranks():
+        try:
+            out[r] = rundir.read_meta(run, r)
+        except rundir.RunDirError:
+            continue
+    return out
+
+
+def job_interpreter(metas: Mapping[int, RankMeta], cmd: Sequence[str], environ: Mapping[str, str]) -> str | None:
+    """The Python the job's ranks ran (their meta says), else the one the command names."""
+    for r in sorted(metas):
+        exe = (metas[r].threads or {}).get("python_executable")
+        if isinstance(exe, str) and exe and os.access(exe, os.X_OK):
+            return exe
+    from pardiag.torch_check import job_python
+
+    return job_python(cmd, environ)
+
+
+def _write(path: Path, doc: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rundir.atomic_write_json(path, doc)
+
+
+def _gemm_doc(status: str, reason: str | None, **kw: Any) -> dict[str, Any]:
+    return {"format": factors.GEMM_FORMAT, "format_version": factors.GEMM_VERSION, "status": status,
+            "reason": reason, **kw}
+
+
+def _comm_doc(status: str, reason: str | None, **kw: Any) -> dict[str, Any]:
+    return {"format": factors.COMM_FORMAT, "format_version": factors.COMM_VERSION, "status": status,
+            "reason": reason, **kw}
+
+
+# -- GEMM ---------------------------------------------------------------------------------------
+
+
+def measure_gemm(run: rundir.RunDir, rank: int, trace: Path, meta: RankMeta | None, python: str,
+                 environ: Mapping[str, str]) -> dict[str, Any]:
+    """Time the top shapes of `trace`; writes factors/gemm.json and returns its document."""
+    from pardiag.analyzers.gemm_shapes import ShapeError, gemm_shapes
+
+    started = time.perf_counter()
+    device = (meta.device.type if meta and meta.device else None) or "cpu"
+    try:
+        found = gemm_shapes(trace)
+    except ShapeError as e:
+        doc = _gemm_doc("failed", str(e), rank=rank, device=device)
+        _write(run.gemm_factor, doc)
+        return doc
+    if not found.shapes:
+        why = ("the trace records no input shapes (recorded with --no-shapes?)" if found.total_us and not found.with_shapes
+               else "no matrix multiply or convolution in the profiled window")
+        doc = _gemm_doc("skipped", why, rank=rank, device=device, gemm_us=found.total_us)
+        _write(run.gemm_factor, doc)
+        return doc
+    top = found.top(TOP_SHAPES)
+    amp = (meta.amp if meta else None) or {}
+    threads = (meta.threads if meta else None) or {}
+    spec = {"device": device, "threads": threads.get("torch_num_threads") if device == "cpu" else None,
+            "cuda_matmul_allow_tf32": bool(amp.get("cuda_matmul_allow_tf32")),
+            "cudnn_allow_tf32": amp.get("cudnn_allow_tf32", True), "budget_s": GEMM_BUDGET_S,
+            "shapes": [s.to_dict() for s in top]}
+    with tempfile.TemporaryDirectory(prefix="pardiag-gemm-") as tmp:
+        spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "out.json"
+        spec_path.write_text(json.dumps(spec))
+        argv = [python, "-S", "-c", PRELUDE + "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')",
+                str(_collector_file("gemm_bench.py")), str(spec_path), str(out_path)]
+        code, text = _run_bounded(argv, _env(environ), GEMM_TIMEOUT_S)
+        result = None
+        if code == 0:
+            try:
+                result = json.loads(out_path.read_text())
+            except (OSError, ValueError) as e:
+                text = f"no result ({type(e).__name__})"
+    seconds = time.perf_counter() - started
+    base = {"rank": rank, "device": device, "gemm_us": found.total_us, "window_us": found.window_us,
+            "trace_timing": found.timing,
+            "seconds": seconds}
+    if result is None:
+        why = (f"killed after {GEMM_TIMEOUT_S:g} s" if code is None else
+               f"the measurement failed (exit {code}): {_last_line(text)}")
+        doc = _gemm_doc("failed", why, **base)
+        _write(run.gemm_factor, doc)
+        return doc
+    rows = []
+    for shape, row in zip(top, result.get("rows") or []):
+        rows.append({"op": shape.op, "dims": [list(d) if d is not None else None for d in shape.dims],
+                     "dtypes": list(shape.dtypes), "backward": shape.backward, "calls": shape.calls,
+                     "trace_us": shape.trace_us, "fp32_us": row.get("fp32_us"), "half_us": row.get("half_us"),
+                     "speedup": row.get("speedup"), "repeats": row.get("repeats"), "error": row.get("error")})
+    timed = [r for r in rows if r["speedup"]]
+    speedup = factors.weighted_speedup([(r["trace_us"], r["speedup"]) for r in timed])
+    covered = sum(r["trace_us"] for r in timed) / found.total_us if found.total_us else 0.0
+    status, reason = ("ok", None) if speedup else ("failed", "no shape could be timed: " + (
+        next((r["error"] for r in rows if r.get("error")), "no result")))
+    doc = _gemm_doc(status, reason, **base, device_name=result.get("device_name"), torch=result.get("torch"),
+                    threads=result.get("threads"), from_dtype="float32", to_dtype=result.get("half_dtype"),
+                    speedup=speedup, covered_share=covered, timing_s=result.get("seconds"), shapes=rows)
+    _write(run.gemm_factor, doc)
+    return doc
+
+
+# -- all_reduce ---------------------------------------------------------------------------------
+
+
+def _sweep_sizes(metas: Mapping[int, RankMeta], points: Sequence[factors.CurvePoint]) -> list[int]:
+    buckets = [int(b) for m in metas.values() for d in (m.ddp or ()) for b in (d.bucket_sizes_bytes or ())
+               if isinstance(b, (int, float)) and b > 0]
+    from pardiag.analyzers.steps import median
+
+    mid = median(buckets) or median([p.bytes for p in points]) or float(1 << 20)
+    return sorted({max(4, min(SWEEP_MAX_BYTES, int(mid * f)) // 4 * 4) for f in SWEEP_FACTORS})
+
+
+def measure_allreduce(run: rundir.RunDir, cmd: Sequence[str], host: str, metas: Mapping[int, RankMeta],
+                      python: str | None, environ: Mapping[str, str], launchers: int = 1) -> dict[str, Any]:
+    """factors/allreduce.json: the run's own fit, else a sweep where the run can afford
+    one, else the reason there is none. Returns the document."""
+    from pardiag.analyzers import reduce
+    from pardiag.recording import launcher_kind
+
+    world = max((m.world_size for m in metas.values() if m.world_size), default=None)
+    backend = next((m.backend for m in metas.values() if m.backend), None)
+    if not world or world < 2:
+        doc = _comm_doc("skipped", "one process: no all_reduce between ranks", world_size=world)
+        _write(run.allreduce_factor, doc)
+        return doc
+    calls = {}
+    for r in sorted(metas):
+        trace, _ = run.find_trace(r)
+        got = reduce.load(run, r, trace) if trace is not None else None
+        if got is not None:
+            calls[r] = got[0].collectives
+    fitted = factors.fit_run(calls) if calls else factors.Read(None, "no rank summary to read the calls from")
+    if fitted.value is not None:
+        curve = fitted.value
+        doc = factors.curve_doc(curve, backend=backend, world_size=world)
+        _write(run.allreduce_factor, doc)
+        return doc
+    hosts = {m.host for m in metas.values()}
+    why_not = (None if launcher_kind(cmd) == "torchrun" else "the job was not launched with torchrun")
+    one_node = hosts == {host} and len(metas) == world and launchers <= 1
+    why_not = why_not or (None if one_node else "the job ran on more than one node (or torchrun agent)")
+    why_not = why_not or (None if world <= SWEEP_MAX_RANKS else f"{world} ranks on this node (a sweep runs up to "
+                                                                  f"{SWEEP_MAX_RANKS})")
+    why_not = why_not or (None if backend in ("gloo", "nccl") else f"backend {backend} is not swept (gloo, nccl are)")
+    why_not = why_not or (None if python else "the job's Python could not be told")
+    if why_not:
+        doc = _comm_doc("skipped", f"{fitted.reason}; no sweep: {why_not}", backend=backend, world_size=world)
+        _write(run.allreduce_factor, doc)
+        return doc
+    started = time.perf_counter()
+    sizes = _sweep_sizes(metas, factors.run_points(calls)[0])
+    with tempfile.TemporaryDirectory(prefix="pardiag-sweep-") as tmp:
+        out = Path(tmp) / "sweep.json"
+        argv = [str(python), "-S", "-c", PRELUDE + "sys.argv[0] = 'torchrun'; "
+                "runpy.run_module('torch.distributed.run', run_name='__main__', alter_sys=True)",
+                "--standalone", "--nproc-per-node", str(world), str(_collector_file("comm_sweep.py")),
+                "--backend", str(backend), "--out", str(out), "--sizes", ",".join(map(str, sizes)),
+                "--budget-s", str(SWEEP_BUDGET_S)]
+        code, text = _run_bounded(argv, _env(environ), SWEEP_TIMEOUT_S)
+        result = None
+        if code == 0:
+            try:
+                result = json.loads(out.read_text())
+            except (OSError, ValueError) as e:
+                text = f"no result ({type(e).__name__})"
+    seconds = time.perf_counter() - started
+    base = {"source": "sweep", "backend": backend, "world_size": world, "seconds": seconds}
+    if result is None:
+        why = (f"the sweep was killed after {SWEEP_TIMEOUT_S:g} s" if code is None else
+               f"the sweep failed (exit {code}): {_last_line(text)}")
+        doc = _comm_doc("failed", why, **base)
+        _write(run.allreduce_factor, doc)
+        return doc
+    pts = tuple(factors.CurvePoint(int(p["bytes"]), float(p["us"]), int(p["n"])) for p in result.get("points") or [])
+    fit = factors.fit_line([(p.bytes, p.us) for p in pts])
+    if fit is None:
+        doc = _comm_doc("failed", f"the sweep timed {len(pts)} size(s); a curve needs two", **base,
+                        points=[{"bytes": p.bytes, "us": p.us, "n": p.n} for p in pts])
+        _write(run.allreduce_factor, doc)
+        return doc
+    curve = factors.CommCurve(fit.alpha_us, fit.beta_us_per_byte, pts, "sweep", "sweep after the job", fit.r2,
+                              fit.rel_error_max, backend, world)
+    doc = factors.curve_doc(curve, seconds=seconds, timing_s=result.get("seconds"), fit_reason=fitted.reason)
+    _write(run.allreduce_factor, doc)
+    return doc
+
+
+# -- after the job ------------------------------------------------------------------------------
+
+
+def _status(doc: dict[str, Any] | None, reason: str | None = None) -> dict[str, Any]:
+    if doc is None:
+        return {"status": "skipped", "reason": reason}
+    return {"status": doc.get("status"), "reason": doc.get("reason"), "seconds": doc.get("seconds")}
+
+
+def measure_after_job(run: rundir.RunDir, cmd: Sequence[str], host: str, mine: Sequence[int], exit_code: int,
+                      environ: Mapping[str, str], quiet: bool = False) -> dict[str, Any]:
+    """Measure what this node can, write factors/, and return the status for the manifest
+    ({status, reason, gemm: {...}, allreduce: {...}}). Never raises."""
+    def say(text: str) -> None:
+        if not quiet:
+            print(f"pardiag: {text}", file=sys.stderr, flush=True)
+
+    if exit_code != 0:
+        return {"status": "skipped", "reason": f"the job exited with code {exit_code}"}
+    with _interruptible():
+        return _measure(run, cmd, host, mine, environ, say)
+
+
+@contextmanager
+def _interruptible() -> Iterator[None]:
+    """SIGTERM and SIGHUP while measuring stop the measurement as Ctrl-C does, so that
+    `pardiag run` still writes the manifest (a scheduler's end of job, a closed terminal)."""
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for s in (signal.SIGTERM, signal.SIGHUP):
+            previous[s] = signal.signal(s, stop)
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _measure(run: rundir.RunDir, cmd: Sequence[str], host: str, mine: Sequence[int], environ: Mapping[str, str],
+             say: Callable[[str], None]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    try:
+        launchers = rundir.read_launcher_records(run)
+        here = sorted(int(l["pid"]) for l in launchers if l.get("host") == host and isinstance(l.get("pid"), int))
+        if here and os.getpid() != here[0]:  # several `pardiag run` of one job on this host: one measures
+            return {"status": "skipped", "reason": f"pardiag run {here[0]} on this host measures"}
+        metas = _metas(run)
+        traced = [r for r in run.ranks() if run.find_trace(r)[0] is not None]
+        python = job_interpreter(metas, cmd, environ)
+        if not traced:
+            out["gemm"] = _status(None, "no rank left a trace")
+        elif traced[0] not in mine:
+            out["gemm"] = _status(None, f"rank {traced[0]}'s node measures it")
+        elif python is None:
+            out["gemm"] = _status(None, "the job's Python could not be told")
+        else:
+            rank = traced[0]
+            say(f"timing the job's top matrix-multiply shapes in fp32 and a lower precision "
+                f"(at most {GEMM_TIMEOUT_S:g} s; --no-measure skips it)")
+            doc = measure_gemm(run, rank, run.find_trace(rank)[0], metas.get(rank), python, environ)  # type: ignore[arg-type]
+            out["gemm"] = _status(doc)
+            if doc.get("status") == "ok":
+                say(f"{doc['to_dtype']} runs the top {sum(1 for r in doc['shapes'] if r.get('speedup'))} GEMM shapes "
+                    f"({doc['covered_share']:.0%} of the GEMM time) {doc['speedup']:.2f}x faster "
+                    f"(measured in {doc['seconds']:.1f} s)")
+            else:
+                say(f"GEMM speed-up not measured: {doc.get('reason')}")
+        lowest = min(metas) if metas else None
+        if lowest is None or lowest not in mine:
+            out["allreduce"] = _status(None, "no rank of this node" if lowest is None else f"rank {lowest}'s node measures it")
+        else:
+            world = max((m.world_size or 0 for m in metas.values()), default=0)
+            if world > 1:
+                say("all_reduce latency and bandwidth: fitting the run's calls, or a short sweep "
+                    f"(at most {SWEEP_TIMEOUT_S:g} s)")
+            doc = measure_allreduce(run, cmd, host, metas, python, environ, launchers=len(launchers))
+            out["allreduce"] = _status(doc)
+            if doc.get("status") == "ok":
+                say(f"all_reduce ({doc['source']}): {doc['alpha_us']:.0f} us + {doc['beta_us_per_byte'] * 1e3:.3f} us/KB")
+            elif world > 1:
+                say(f"all_reduce curve: {doc.get('reason')}")
+    except KeyboardInterrupt:  # Ctrl-C while measuring: the run's files and manifest are still written
+        out["error"] = "interrupted"
+        say("measuring the factors was interrupted")
+    except Exception as e:  # a measurement never fails the run
+        out["error"] = f"{type(e).__name__}: {e}"[:300]
+        say(f"warning: measuring the factors failed: {out['error']}")
+    parts = {k: v for k, v in out.items() if isinstance(v, dict)}
+    states = {v.get("status") for v in parts.values()}
+    others = "; ".join(f"{k}: {v.get('reason')}" for k, v in parts.items() if v.get("status") != "ok")
+    if "error" in out:
+        out.update(status="failed", reason=out.pop("error"))
+    elif "ok" in states:  # what does not apply (one process, another node's rank) is no failure
+        out.update(status="partial" if "failed" in states else "ok", reason=others or None)
+    else:
+        out.update(status="failed" if "failed" in states else "skipped", reason=others or None)
+    return out

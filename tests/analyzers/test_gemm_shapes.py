@@ -1,0 +1,136 @@
+"""The GEMM shapes of a real torch.profiler trace: a small model recorded here, in this
+process, with the profiler's step schedule and record_shapes (as pardiag records)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from pardiag.analyzers.gemm_shapes import ShapeError, gemm_shapes
+
+torch = pytest.importorskip("torch")
+
+BATCH, DIM, HIDDEN, CLASSES = 16, 64, 48, 10
+ACTIVE = 2
+
+
+def record(path: Path, shapes: bool = True) -> None:
+    from torch import nn
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(DIM, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
+    conv = nn.Conv2d(3, 4, 3, stride=2, padding=1)
+    x, img = torch.randn(BATCH, DIM), torch.randn(2, 3, 8, 8)
+
+    def save(p: "profile") -> None:
+        p.export_chrome_trace(str(path))
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=shapes, on_trace_ready=save,
+                 schedule=schedule(wait=1, warmup=1, active=ACTIVE)) as p:
+        for _ in range(1 + 1 + ACTIVE):
+            loss = model(x).sum() + conv(img).sum()
+            loss.backward()
+            torch.mm(x, x.t())  # outside autograd's engine: a forward call
+            p.step()
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("shapes") / "trace.json"
+    record(path)
+    return path
+
+
+def test_each_shape_is_the_outermost_operator_with_its_calls_in_the_window(trace: Path) -> None:
+    g = gemm_shapes(trace)
+    by = {(s.op, s.dims, s.backward): s for s in g.shapes}
+    first = ("aten::linear", ((BATCH, DIM), (HIDDEN, DIM), (HIDDEN,)), False)
+    second = ("aten::linear", ((BATCH, HIDDEN), (CLASSES, HIDDEN), (CLASSES,)), False)
+    assert by[first].calls == ACTIVE and by[second].calls == ACTIVE
+    assert by[first].dtypes == ("float", "float", "float") and by[first].strides[1] == (DIM, 1)
+    # linear calls addmm: the addmm inside is not a shape of its own
+    assert not any(s.op == "aten::addmm" for s in g.shapes)
+    # the backward of the second linear: grad_input = grad_out @ W, grad_W = grad_out^T @ x
+    assert by[("aten::mm", ((BATCH, CLASSES), (CLASSES, HIDDEN)), True)].calls == ACTIVE
+    assert by[("aten::mm", ((CLASSES, BATCH), (BATCH, HIDDEN)), True)].calls == ACTIVE
+    mm = by[("aten::mm", ((BATCH, DIM), (DIM, BATCH)), False)]
+    assert mm.calls == ACTIVE and mm.strides[1] == (1, DIM)  # x.t(): a transposed view
+    conv = next(s for s in g.shapes if s.op == "aten::conv2d")
+    assert conv.dims[:2] == ((2, 3, 8, 8), (4, 3, 3, 3)) and conv.concrete[3:5] == ("[2, 2]", "[1, 1]")
+    assert conv.calls == ACTIVE and not conv.backward
+    assert any(s.op == "aten::convolution_backward" and s.backward for s in g.shapes)
+
+
+def test_the_shapes_hold_all_the_gemm_time_and_come_most_time_first(trace: Path) -> None:
+    g = gemm_shapes(trace)
+    assert g.with_shapes and g.window_us > 0
+    assert sum(s.trace_us for s in g.shapes) == pytest.approx(g.total_us)
+    assert [s.trace_us for s in g.shapes] == sorted((s.trace_us for s in g.shapes), reverse=True)
+    assert g.top(3) == g.shapes[:3]
+    doc = json.loads(trace.read_text())
+    steps = [e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")]
+    assert len(steps) == ACTIVE
+    assert g.window_us == pytest.approx(max(e["ts"] + e["dur"] for e in steps) - min(e["ts"] for e in steps))
+
+
+def test_a_gzipped_trace_reads_the_same(trace: Path, tmp_path: Path) -> None:
+    gz = tmp_path / "trace.json.gz"
+    gz.write_bytes(gzip.compress(trace.read_bytes()))
+    assert gemm_shapes(gz) == gemm_shapes(trace)
+
+
+def test_a_trace_without_shapes_has_gemm_time_but_no_shape(tmp_path: Path) -> None:
+    path = tmp_path / "noshapes.json"
+    record(path, shapes=False)
+    g = gemm_shapes(path)
+    assert g.total_us > 0 and not g.with_shapes and g.shapes == ()
+
+
+@pytest.mark.parametrize("content", [b"", b"{\"traceEvents\": [", b"\x1f\x8b\x08garbage"])
+def test_an_unreadable_trace_is_one_line(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "t.json"
+    path.write_bytes(content)
+    with pytest.raises(ShapeError) as e:
+        gemm_shapes(path)
+    assert "\n" not in str(e.value) and "t.json" in str(e.value)
+    with pytest.raises(ShapeError, match="no such file"):
+        gemm_shapes(tmp_path / "absent.json")
+
+
+def gpu_trace(path: Path) -> None:
+    """A GPU trace as Kineto writes one: host operators with shapes, the kernels they
+    launched on a stream carrying the launching operator's External id."""
+    def op(name: str, ts: float, dur: float, ext: int, dims: list, types: list) -> dict:
+        return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
+                "args": {"External id": ext, "Input Dims": dims, "Input type": types,
+                         "Input Strides": [[], [], []][:len(dims)], "Concrete Inputs": [""] * len(dims)}}
+
+    def kernel(ts: float, dur: float, ext: int) -> dict:
+        return {"ph": "X", "cat": "kernel", "name": "ampere_sgemm_128x64_tn", "pid": 0, "tid": 7, "ts": ts, "dur": dur,
+                "args": {"External id": ext, "stream": 7, "device": 0, "correlation": ext + 1000}}
+
+    lin = [[64, 128], [256, 128], [256]]
+    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "pid": 1, "tid": 1, "ts": 0, "dur": 1000}]
+    for k, t in enumerate((10.0, 500.0)):
+        events += [op("aten::linear", t, 30.0, 10 + 4 * k, lin, ["float"] * 3),
+                   op("aten::t", t + 1, 2.0, 11 + 4 * k, [[256, 128]], ["float"]),
+                   op("aten::addmm", t + 5, 20.0, 12 + 4 * k, [[256], [64, 128], [128, 256], [], []],
+                      ["float", "float", "float", "Scalar", "Scalar"]),
+                   kernel(t + 40, 75.0, 12 + 4 * k)]  # the kernel runs after its launch
+    events.append(op("aten::mm", 900.0, 5.0, 99, [[8, 8], [8, 8]], ["float"] * 2))
+    events.append(kernel(920.0, 3.0, 99))
+    events.append(kernel(930.0, 50.0, 555))  # launched by no GEMM operator
+    path.write_text(json.dumps({"traceEvents": events}))
+
+
+def test_on_a_gpu_an_operator_weighs_the_kernels_its_nest_launched(tmp_path: Path) -> None:
+    path = tmp_path / "gpu.json"
+    gpu_trace(path)
+    g = gemm_shapes(path)
+    assert g.timing == "device"
+    assert [(s.op, s.calls, s.trace_us) for s in g.shapes] == [("aten::linear", 2, 150.0), ("aten::mm", 1, 3.0)]
+    assert g.total_us == 153.0 and g.window_us == 1000
