@@ -112,18 +112,18 @@ def median_step(result: rp.ReplayResult) -> float:
 
 
 # ------------------------------------------------------------------------------ factors
-def run_factors(run: Any, a: Analysis, notices: list[Any]) -> tuple[GemmSpeedup | None, CommCurve | None]:
-    """The factors measured for this run (factors/ in the run directory; the curve also
-    from the run's own all-reduces), None for what was not measured."""
+def run_factors(run: Any) -> tuple[GemmSpeedup | None, CommCurve | None]:
+    """The factors `pardiag run` measured after the job (factors/ in the run directory:
+    analyzers/factors.py), None for what was not measured."""
     if run is None:
         return None, None
     from pardiag.analyzers import factors
 
     gemm = comm = None
-    g = factors.gemm_factor(run.path)
-    if g is not None and g.speedup and g.speedup > 0:
+    g = factors.gemm_factor(run.root)
+    if g is not None and g.speedup > 0:
         gemm = GemmSpeedup(g.speedup, g.source)
-    c = factors.comm_curve(run.path, a.collectives)
+    c = factors.comm_curve(run.root)
     if c is not None:
         comm = CommCurve(c.alpha_us, c.beta_us_per_byte, c.source)
     return gemm, comm
@@ -163,8 +163,10 @@ def plan(f: Finding, a: Analysis, inputs: Inputs) -> Plan | None:
         return Plan((rp.Accumulate(k),), (f"gradient all-reduces and the optimizer once per {k} micro-batches",), ())
     if lever == "ddp_bucket_size" and inputs.comm is not None:
         cap = _advised_cap(f)
-        if cap is None:
-            return None
+        ddp = (a.run.fw.ddp or [{}])[0] or {}
+        now = ddp.get("bucket_cap_mb") or 25.0
+        if cap is None or cap <= now:
+            return None  # a smaller cap splits a bucket: when its parts are ready is not in the trace
         c = inputs.comm
         fac = Factor("all-reduce latency", c.alpha_us, "us", c.source, c.measured)
         fac2 = Factor("all-reduce time per MB", c.beta_us_per_byte * 2**20, "us/MB", c.source, c.measured)

@@ -264,7 +264,7 @@ def _estimates(a: Analysis, inputs: Sequence[RankInput], step_records: Mapping[i
             why = f"the replay model failed: {type(e).__name__}: {e}"
             notices.append(Notice("warning", f"{why}; estimates are share-based"))
     try:
-        gemm, comm = estimates.run_factors(run, a, notices) if model is not None else (None, None)
+        gemm, comm = estimates.run_factors(run) if model is not None else (None, None)
         return estimates.apply(a, estimates.Inputs(model, step_records, gemm, comm, why))
     except Exception as e:
         notices.append(Notice("warning", f"replay estimates failed: {type(e).__name__}: {e}; estimates are "

@@ -189,10 +189,12 @@ class Accumulate:
 
 @dataclass(frozen=True)
 class RegroupBuckets:
-    """DDP's gradient all-reduces of each step regrouped under a bucket cap of
+    """DDP's gradient all-reduces of each step regrouped under a larger bucket cap of
     ``cap_bytes``: consecutive calls of a step merge while their sizes fit (as DDP packs
-    gradients in ready order), each merged call issued when its last part was and lasting
-    ``alpha_us + bytes * beta_us_per_byte`` (the job's own latency/bandwidth curve)."""
+    gradients in ready order), each merged call issued when its last part was. Its time
+    is the curve's (``alpha_us + bytes * beta_us_per_byte``, measured after the job) at the
+    level of the job's own calls: times the ratio of its parts' measured times to what the
+    curve gives them (a call left alone keeps its measured time)."""
 
     cap_bytes: int
     alpha_us: float
@@ -723,10 +725,12 @@ def _measured_done(n: Node) -> float:
 
 
 # ------------------------------------------------------------------------------ replay
-def _apply(model: Model, edits: Sequence[Edit]) -> tuple[list[float], bool]:
-    """Edited durations, and whether collectives skip the cross-rank wait."""
+def _apply(model: Model, edits: Sequence[Edit]) -> tuple[list[float], bool, list[float]]:
+    """Edited durations, whether collectives skip the cross-rank wait, and the edited
+    delays before operations (an operation an edit removes loses its delay too)."""
     nodes = model.nodes
     dur = [n.dur for n in nodes]
+    delay = [n.delay for n in nodes]
     no_sync = False
 
     def ranks_of(rs: tuple[int, ...] | None) -> set[int]:
@@ -782,7 +786,7 @@ def _apply(model: Model, edits: Sequence[Edit]) -> tuple[list[float], bool]:
                 if n.kind == COLL or (n.kind == WORK and n.phase == "optimizer"):
                     dur[i] /= k
         elif isinstance(ed, RegroupBuckets):
-            _regroup(model, ed, dur)
+            _regroup(model, ed, dur, delay)
         elif isinstance(ed, ScalePhase):
             rs = ranks_of(ed.ranks)
             for i, n in enumerate(nodes):
@@ -800,35 +804,41 @@ def _apply(model: Model, edits: Sequence[Edit]) -> tuple[list[float], bool]:
                 ph = (n.kind, n.phase)
                 if mine.get(ph, 0.0) > 0:
                     dur[i] *= statistics.median(t.get(ph, 0.0) for t in theirs) / mine[ph]
-    return dur, no_sync
+    return dur, no_sync, delay
 
 
-def _regroup(model: Model, ed: RegroupBuckets, dur: list[float]) -> None:
-    """``RegroupBuckets``: per rank and step, the backward's all-reduces on each collective
-    stream packed in issue order under the cap; every call but the last of a pack lasts
-    nothing, the last one the curve's time for the pack's bytes."""
+def _regroup(model: Model, ed: RegroupBuckets, dur: list[float], delay: list[float]) -> None:
+    """``RegroupBuckets``: per rank and step, the all-reduces in issue order (on all of
+    the rank's collective streams: gloo alternates between two worker threads) packed
+    under the cap; every call but the last of a pack is gone (no time, no delay), the last
+    one lasts the pack's time."""
     nodes = model.nodes
-    for (_r, stream), ids in model.streams.items():
+    by_step: dict[tuple[int, int | None], list[int]] = defaultdict(list)
+    for (r, stream), ids in model.streams.items():
         if stream.startswith("host"):
             continue
-        by_step: dict[int | None, list[int]] = defaultdict(list)
         for i in ids:
             n = nodes[i]
             if n.kind == COLL and n.name.startswith("all_reduce") and n.bytes:
-                by_step[n.step].append(i)
-        for calls in by_step.values():
-            pack: list[int] = []
-            size = 0
-            for i in calls + [-1]:
-                b = nodes[i].bytes or 0 if i >= 0 else 0
-                if pack and (i < 0 or size + b > ed.cap_bytes):
+                by_step[(r, n.step)].append(i)
+    for calls in by_step.values():
+        calls.sort(key=lambda i: (nodes[i].measured_start, i))
+        pack: list[int] = []
+        size = 0
+        for i in calls + [-1]:
+            b = nodes[i].bytes or 0 if i >= 0 else 0
+            if pack and (i < 0 or size + b > ed.cap_bytes):
+                if len(pack) > 1:
+                    measured = sum(dur[j] for j in pack)
+                    predicted = sum(ed.alpha_us + (nodes[j].bytes or 0) * ed.beta_us_per_byte for j in pack)
+                    merged = ed.alpha_us + size * ed.beta_us_per_byte
                     for j in pack[:-1]:
-                        dur[j] = 0.0
-                    dur[pack[-1]] = ed.alpha_us + size * ed.beta_us_per_byte
-                    pack, size = [], 0
-                if i >= 0:
-                    pack.append(i)
-                    size += b
+                        dur[j] = delay[j] = 0.0
+                    dur[pack[-1]] = merged * measured / predicted if predicted > 0 else merged
+                pack, size = [], 0
+            if i >= 0:
+                pack.append(i)
+                size += b
 
 
 def _fetches(nodes: list[Node], ids: list[int]) -> list[list[int]]:
@@ -878,7 +888,7 @@ def replay(model: Model, edits: Sequence[Edit] = ()) -> ReplayResult:
 def timeline(model: Model, edits: Sequence[Edit] = ()) -> Timeline:
     """The replayed times of every node (with ``edits`` applied)."""
     nodes = model.nodes
-    dur, no_sync = _apply(model, edits)
+    dur, no_sync, delay = _apply(model, edits)
     n = len(nodes)
     start = [math.nan] * n
     end = [math.nan] * n
@@ -901,7 +911,7 @@ def timeline(model: Model, edits: Sequence[Edit] = ()) -> Timeline:
                     for d in node.deps:
                         if end[d] > ready:
                             ready, cause = end[d], d
-                    arrival[i] = ready + node.delay
+                    arrival[i] = ready + delay[i]
                     why[i] = cause
                 k = member_of.get(i) if not no_sync else None
                 if k is None:

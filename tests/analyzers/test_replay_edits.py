@@ -68,14 +68,19 @@ def test_buckets_regrouped_under_a_larger_cap(tmp_path: Path) -> None:
     m = _model(tmp_path, _buckets(), _buckets())
     assert replay(m).replayed_steps[0][1] == pytest.approx(2730.0)
     assert sorted(n.bytes for n in m.nodes if n.kind == "collective" and n.rank == 0) == [1000] * 4
-    # one pack of 4000 bytes at 60 us + 0.01 us/byte = 100 us, from 2210: done 2310; the
-    # loop's wait ends then plus its 20 us wake-up (2330), optimizer to 2430
+    # one pack of 4000 bytes: the curve gives 60 + 0.01 * 4000 = 100 us, at the level of
+    # the job's own calls (measured 4 x 100 us where the curve gives 4 x 70): 100 * 400 / 280.
+    # It is issued with its last part (the 4th call, at 2206); the calls merged into it are
+    # gone with their pick-up delay. Done at 2206 + 142.86; the loop wakes 20 us later,
+    # optimizer 100 us
     r = replay(m, [RegroupBuckets(4000, 60.0, 0.01)])
-    assert r.replayed_steps[0][1] == pytest.approx(2430.0)
-    # a cap of 2000 bytes: two packs of 2000 (80 us each) back to back: 2210 -> 2370,
-    # awake 2390, optimizer to 2490
+    assert r.replayed_steps[0][1] == pytest.approx(2206 + 100 * 400 / 280 + 120)
+    # a cap of 2000 bytes: two packs of 80 * 200 / 140 us on the worker, the first issued
+    # with the 2nd call (2202), the second right after it
     r = replay(m, [RegroupBuckets(2000, 60.0, 0.01)])
-    assert r.replayed_steps[0][1] == pytest.approx(2490.0)
+    assert r.replayed_steps[0][1] == pytest.approx(2202 + 2 * 80 * 200 / 140 + 120)
+    # a cap no pair fits under: every call alone keeps its measured time
+    assert replay(m, [RegroupBuckets(1500, 60.0, 0.01)]).replayed_steps[0][1] == pytest.approx(2730.0)
 
 
 def test_loader_workers_hide_a_fetch_shorter_than_the_rest_of_the_step(tmp_path: Path) -> None:

@@ -158,6 +158,10 @@ def test_the_straggler_estimate_matches_the_measured_saving(straggler_pairs: wa.
     s = straggler_pairs.summary()
     assert s["top_lever"] == ["straggler", "straggler"], s
     assert s["still_reported_after_fix"] == [False, False], s
+    # the estimate comes from the replay of the window, which reproduces the measured step
+    assert s["method"] == ["replay", "replay"], s
+    errors = [e for e in s["replay_error_pct"] if e is not None]
+    assert len(errors) == 4 and max(errors) <= 8.0, s
     assert abs(s["error_pp"]) <= TOLERANCE_PP, s
 
 
