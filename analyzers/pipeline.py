@@ -387,7 +387,29 @@ def _rank_result(
         phases_per_step_us={k: v / n_steps for k, v in t.phases_us.items()} if t and n_steps else {},
         host_phases_us=_host_phases(records),
         ops=dict(t.ops) if t else {},
+        breakdown_per_step_us={str(k): dict(v) for k, v in t.breakdown_per_step_us.items()} if t else {},
+        host_per_step_us=_host_per_step(records),
     )
+
+
+HOST_STEPS_KEPT = 512  # counted steps of steps.jsonl kept per rank for the share tests
+
+
+def _host_per_step(records: Sequence[StepRecord]) -> dict[str, dict[str, float]]:
+    """The last HOST_STEPS_KEPT counted steps (steps.jsonl), each its duration ("step")
+    and the host phases it observed, keyed by the step's number as text."""
+    from pardiag.step_records import counted, host_phases
+
+    recs = [r for r in records if counted(r) and r.dur_us is not None and r.dur_us > 0][-HOST_STEPS_KEPT:]
+    out = {}
+    for r in recs:
+        d = {"step": float(r.dur_us or 0.0)}
+        for sig in host_phases():
+            v = r.get(sig.name)
+            if v is not None:
+                d[sig.name] = float(v)
+        out[str(r.step)] = d
+    return out
 
 
 def _host_phases(records: Sequence[StepRecord]) -> dict[str, float]:

@@ -76,10 +76,15 @@ def profiled_window_step_us(r: RankResult) -> float | None:
 
 def exposed_transfer_us(r: RankResult) -> float:
     """A rank's exposed communication without its waiting for other ranks: scaled by the
-    share of its collective time that was transfer, transfer / (transfer + wait)."""
+    share of its collective time that was transfer (`transfer_fraction`)."""
+    return r.breakdown_us.get("comm_exposed", 0.0) * transfer_fraction(r)
+
+
+def transfer_fraction(r: RankResult) -> float:
+    """The share of a rank's collective time that was transfer, transfer / (transfer +
+    wait); 1 when it spent none in collectives."""
     coll = r.transfer_us + r.wait_us
-    frac = r.transfer_us / coll if coll > 0 else 1.0
-    return r.breakdown_us.get("comm_exposed", 0.0) * frac
+    return r.transfer_us / coll if coll > 0 else 1.0
 
 
 def _pooled(ranks: Sequence[RankResult], part: Any) -> float | None:

@@ -105,6 +105,12 @@ class RankResult:
     phases_per_step_us: dict[str, float] = field(default_factory=dict)
     host_phases_us: dict[str, float] = field(default_factory=dict)  # from steps.jsonl, per step
     ops: dict[str, Any] = field(default_factory=dict)  # GEMM time by precision, kernel sizes, host syncs
+    # per profiled step (its number as text), the breakdown's categories (they sum to the
+    # step's length): what the share rules test step by step (levers.share_test)
+    breakdown_per_step_us: dict[str, dict[str, float]] = field(default_factory=dict)
+    # per counted step of steps.jsonl (the last HOST_STEPS_KEPT), its duration ("step")
+    # and the host phases it observed
+    host_per_step_us: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
