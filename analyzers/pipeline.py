@@ -219,8 +219,11 @@ def analyze_path(
     nccl, nccl_report = _nccl(run, nccl_logs, world, notices)
     telemetry = _telemetry(run, notices) if run is not None else None
     from pardiag.analyzers.rules import advise
-    from pardiag.analyzers.summary import build_summary
+    from pardiag.analyzers.summary import build_summary, inflation_words
 
+    summary = build_summary(ranks, step_records if run is not None else None)
+    if (said := inflation_words(summary.profiled_step_inflation)) is not None:
+        notices.append(Notice("info", said))
     return advise(Analysis(
         hang=hang,
         hta=hta,
@@ -234,7 +237,7 @@ def analyze_path(
         process_groups=process_groups(traces, matched.collectives, world,
                                       fsdp=any(m.fsdp for m in metas.values())),
         notices=notices,
-        summary=build_summary(ranks, step_records if run is not None else None),
+        summary=summary,
     ), nccl=nccl_report, telemetry=telemetry)
 
 

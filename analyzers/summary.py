@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 from pardiag.analysis import BREAKDOWN_KEYS, Analysis, Inflation, RankResult, StepPercentiles, Summary
 from pardiag.analyzers.steps import job_step_times_us, median, percentile
-from pardiag.step_records import StepRecord
+from pardiag.step_records import WARMUP_STEPS, StepRecord, counted
 
 StepRecords = Mapping[int, Sequence[StepRecord]]
 
@@ -38,7 +38,8 @@ def build_summary(ranks: Sequence[RankResult], step_records: StepRecords | None 
         breakdown_ratio={k: v for k in BREAKDOWN_KEYS
                          if (v := _pooled(ranks, lambda r, k=k: r.breakdown_us.get(k, 0.0))) is not None},
         step_percentiles_us=step_percentiles(ranks, step_records),
-        profiled_step_inflation=inflation(ranks, step if source == "all steps" else None),
+        profiled_step_inflation=replace(inflation(ranks, step if source == "all steps" else None),
+                                        by_phase_us=phase_inflation_us(step_records or {})),
         computed_from="steps" if step_records is not None else "ranks",
     )
 
@@ -123,3 +124,54 @@ def inflation(ranks: Sequence[RankResult], step_us: float | None) -> Inflation:
             by_rank[str(r.rank)] = p / r.step_time_us.p50
     prof = median(profiled)
     return Inflation(job=prof / step_us if prof is not None and step_us else None, by_rank=by_rank)
+
+
+def phase_inflation_us(step_records: StepRecords) -> dict[str, float]:
+    """What the profiler made longer: per host phase of steps.jsonl (`host_phases`) and
+    "untimed" (the step less those phases: pardiag's boundary, Python outside them), the
+    median over ranks of (its median over the steps inside the profiler's active window
+    less its median over the counted steps). {} without steps in both."""
+    from pardiag.step_records import host_phases
+
+    names = [s.name for s in host_phases()]
+
+    def value(r: StepRecord, name: str) -> float | None:
+        if name != "untimed":
+            return r.get(name)
+        return (r.dur_us or 0.0) - sum(r.get(n) or 0.0 for n in names)
+
+    per: dict[str, list[float]] = {}
+    for records in step_records.values():
+        active = [r for r in records if r.profiler == "active" and r.dur_us is not None and r.step >= WARMUP_STEPS]
+        plain = [r for r in records if counted(r) and r.dur_us is not None]
+        if not active or not plain:
+            continue
+        for name in [*names, "untimed"]:
+            a = median([v for r in active if (v := value(r, name)) is not None])
+            b = median([v for r in plain if (v := value(r, name)) is not None])
+            if a is not None and b is not None:
+                per.setdefault(name, []).append(a - b)
+    return {k: m for k, v in per.items() if (m := median(v)) is not None}
+
+
+INFLATION_SAID = 1.10  # profiled steps this much longer than the median step: the analysis says what grew
+PHASE_SAID = 0.10  # ... naming the phases that hold at least this share of the growth
+PHASE_WORDS = {"dataloader": "DataLoader", "forward": "forward", "backward": "backward", "optimizer": "optimizer",
+               "untimed": "outside those"}
+
+
+def inflation_words(inf: Inflation) -> str | None:
+    """The notice for profiled steps over INFLATION_SAID x the median step: what grew
+    (the phases of steps.jsonl, largest first) and what that means for the window's
+    shares; None below it or when unknown."""
+    if inf.job is None or inf.job < INFLATION_SAID:
+        return None
+    total = sum(v for v in inf.by_phase_us.values() if v > 0)
+    grew = sorted(((v, k) for k, v in inf.by_phase_us.items() if v > 0 and v >= PHASE_SAID * total), reverse=True)
+    what = (": " + ", ".join(f"{PHASE_WORDS.get(k, k)} +{v / 1000:.1f} ms" for v, k in grew[:3])
+            + " per step (median over ranks, steps.jsonl)") if grew else ""
+    return (f"profiled steps took {inf.job:.2f}x the median step{what}. The profiler adds host time to every "
+            "operator it records (more with --with-stack or --profile-memory; other processes busy during the "
+            "window show the same way), so the window's shares of host-side "
+            "work (compute on a CPU, the phases, idle and input time beside them) are those of the slowed steps; "
+            "savings taken from them are qualified in their findings")

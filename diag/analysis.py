@@ -193,7 +193,9 @@ SUMMARY_DEFINITIONS = {
                            "value per rank, its profiled window per step (source 'profiled')",
     "profiled_step_inflation": "profiled step / unprofiled step: per rank, the median step inside the profiler "
                                "window (else the profiled window per step) / its p50 step; for the job, the median "
-                               "over ranks of the profiled step / step_p50_us",
+                               "over ranks of the profiled step / step_p50_us; by_phase_us: per host phase of "
+                               "steps.jsonl (untimed: the step less its phases), the median over ranks of its "
+                               "median inside the profiler's active window less its median over the counted steps",
 }
 
 
@@ -215,6 +217,9 @@ class Inflation:
 
     job: float | None
     by_rank: dict[str, float] = field(default_factory=dict)  # rank (as a JSON key) -> ratio
+    # what grew: per host phase of steps.jsonl ("untimed": the step less its phases), the
+    # extra time per profiled step (median over ranks of profiled less unprofiled medians)
+    by_phase_us: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
