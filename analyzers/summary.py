@@ -39,7 +39,8 @@ def build_summary(ranks: Sequence[RankResult], step_records: StepRecords | None 
                          if (v := _pooled(ranks, lambda r, k=k: r.breakdown_us.get(k, 0.0))) is not None},
         step_percentiles_us=step_percentiles(ranks, step_records),
         profiled_step_inflation=replace(inflation(ranks, step if source == "all steps" else None),
-                                        by_phase_us=phase_inflation_us(step_records or {})),
+                                        by_phase_us=phase_inflation_us(step_records or {}),
+                                        adjacent=adjacent_inflation(step_records or {})),
         computed_from="steps" if step_records is not None else "ranks",
     )
 
@@ -154,6 +155,31 @@ def phase_inflation_us(step_records: StepRecords) -> dict[str, float]:
     return {k: m for k, v in per.items() if (m := median(v)) is not None}
 
 
+ADJACENT_STEPS = 4  # counted steps on either side of the profiler window: its local baseline
+
+
+def adjacent_inflation(step_records: StepRecords) -> float | None:
+    """The median over ranks of (the median step inside the profiler's active window over
+    the median of the counted steps at most ADJACENT_STEPS before the window opens or
+    after it closes). Against the median of every step, a job whose machine got faster
+    or slower part-way reads as inflated; against its neighbours, only what the window
+    itself added. None without both kinds of step."""
+    ratios = []
+    for records in step_records.values():
+        window = [r.step for r in records if r.profiler is not None]
+        active = [r.dur_us for r in records
+                  if r.profiler == "active" and r.dur_us is not None and r.step >= WARMUP_STEPS]
+        if not window or not active:
+            continue
+        lo, hi = min(window), max(window)
+        near = [r.dur_us for r in records if counted(r) and r.dur_us is not None
+                and (lo - ADJACENT_STEPS <= r.step < lo or hi < r.step <= hi + ADJACENT_STEPS)]
+        a, b = median(active), median(near)
+        if a is not None and b:
+            ratios.append(a / b)
+    return median(ratios)
+
+
 INFLATION_SAID = 1.10  # profiled steps this much longer than the median step: the analysis says what grew
 PHASE_SAID = 0.10  # ... naming the phases that hold at least this share of the growth
 PHASE_WORDS = {"dataloader": "DataLoader", "forward": "forward", "backward": "backward", "optimizer": "optimizer",
@@ -170,7 +196,12 @@ def inflation_words(inf: Inflation) -> str | None:
     grew = sorted(((v, k) for k, v in inf.by_phase_us.items() if v > 0 and v >= PHASE_SAID * total), reverse=True)
     what = (": " + ", ".join(f"{PHASE_WORDS.get(k, k)} +{v / 1000:.1f} ms" for v, k in grew[:3])
             + " per step (median over ranks, steps.jsonl)") if grew else ""
-    return (f"profiled steps took {inf.job:.2f}x the median step{what}. The profiler adds host time to every "
+    near = ""
+    if inf.adjacent is not None:
+        near = (f"; against the steps just before and after the window {inf.adjacent:.2f}x"
+                + (" (the machine's speed changed during the job: most of the difference is not the profiler's)"
+                   if inf.adjacent < INFLATION_SAID else ""))
+    return (f"profiled steps took {inf.job:.2f}x the median step{what}{near}. The profiler adds host time to every "
             "operator it records (more with --with-stack or --profile-memory; other processes busy during the "
             "window show the same way), so the window's shares of host-side "
             "work (compute on a CPU, the phases, idle and input time beside them) are those of the slowed steps; "

@@ -195,7 +195,9 @@ SUMMARY_DEFINITIONS = {
                                "window (else the profiled window per step) / its p50 step; for the job, the median "
                                "over ranks of the profiled step / step_p50_us; by_phase_us: per host phase of "
                                "steps.jsonl (untimed: the step less its phases), the median over ranks of its "
-                               "median inside the profiler's active window less its median over the counted steps",
+                               "median inside the profiler's active window less its median over the counted steps; "
+                               "adjacent: the same ratio as job against the counted steps at most 4 before the "
+                               "window opens or after it closes (median over ranks)",
 }
 
 
@@ -220,6 +222,9 @@ class Inflation:
     # what grew: per host phase of steps.jsonl ("untimed": the step less its phases), the
     # extra time per profiled step (median over ranks of profiled less unprofiled medians)
     by_phase_us: dict[str, float] = field(default_factory=dict)
+    # the profiled step over the counted steps just before and after the window (median
+    # over ranks): the profiler's own cost, without the drift of a machine whose load changed
+    adjacent: float | None = None
 
 
 @dataclass(frozen=True)

@@ -221,3 +221,24 @@ def test_under_10_percent_inflation_nothing_is_said() -> None:
     assert inflation_words(replace(job().job_summary.profiled_step_inflation, job=1.09)) is None
     assert inflation_words(replace(job().job_summary.profiled_step_inflation, job=None)) is None
     assert inflation_words(job().job_summary.profiled_step_inflation) is not None  # 1.3x
+
+
+def test_a_machine_that_got_faster_is_not_called_profiler_inflation() -> None:
+    # steps 1-13 at 80 ms (the window: 5-6 warm-up, 7-9 active at 84 ms), then the
+    # machine frees up: steps 14-30 at 40 ms. The median of every counted step is 40 ms
+    # (17 of 25), so the profiled steps read 2.1x; the 4 counted steps on either side of
+    # the window (1-4, 10-13) are 80 ms: 84 / 80 = 1.05x
+    def records() -> list:
+        out = []
+        for i in range(1, 31):
+            phase = "warmup" if i in (5, 6) else "active" if i in (7, 8, 9) else None
+            dur = 84 if phase == "active" else 80 if i <= 13 else 40
+            out.append(parse_step({"step": i, "dur_us": dur * MS, **({"profiler": phase} if phase else {})}))
+        return out
+
+    ranks = [replace(r, step_time_us=replace(r.step_time_us, p50=40 * MS, profiled_p50=84 * MS)) for r in RANKS]
+    inf = build_summary(ranks, {0: records(), 1: records()}).profiled_step_inflation
+    assert inf.job == pytest.approx(2.1) and inf.adjacent == pytest.approx(1.05)
+    words = inflation_words(inf)
+    assert words is not None and "1.05x" in words and "not the profiler's" in words
+    assert "not the profiler's" not in (inflation_words(replace(inf, adjacent=1.3)) or "")
