@@ -35,9 +35,9 @@ pooled figure is; the input wait over steps.jsonl's counted steps, else the wind
 The evidence states the bound and how it was made; an Analysis without per-step figures
 (an older file) is judged on the pooled share, and the evidence says so. Measured on
 the scenarios (2 ranks, gloo, 30 steps): the healthy control's exposed communication
-wanders between 0.4% and 23% from step to step and pooled over 10% (10.2%, 11.8%) in 2
-of 14 recordings, a false gradient_accumulation finding each time; step by step, none, while
-every comm_bound, tiny_buckets and slow_input recording kept its finding
+wanders between 0.4% and 23% from step to step and pooled over 10% (10.1% to 11.8%) in
+4 of 22 recordings, a false gradient_accumulation finding each time; step by step, none,
+while every comm_bound, tiny_buckets and slow_input recording (5 each) kept its finding
 (benchmarks/share_noise.py).
 
 ddp_find_unused (an extension of DESIGN.md's vocabulary): DDP ran with
