@@ -38,7 +38,7 @@ WARMUP = 2  # pardiag's default warm-up steps (--profile-steps 5,2,3)
 
 # setting -> torch.profiler keyword arguments
 SETTINGS: dict[str, dict[str, Any]] = {
-    "shapes": {"record_shapes": True},  # pardiag's default before this benchmark
+    "shapes": {"record_shapes": True},  # pardiag's default
     "no_shapes": {"record_shapes": False},
     "shapes_stack": {"record_shapes": True, "with_stack": True},
     "shapes_memory": {"record_shapes": True, "profile_memory": True},
