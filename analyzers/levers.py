@@ -23,6 +23,23 @@ ranks waited for each other inside a collective: that is imbalance (the straggle
 lever), not transfer cost. straggler: see stragglers.py; severity as TraceML (warn
 10%, critical 20%).
 
+Significance of a share (`share_test`, the statistic in shares.py): the share rules
+(dataloader, gradient_accumulation, ddp_bucket_size, comm_overlap) make their finding
+only when the symptom's share clears the threshold pooled and step by step: per step,
+the symptom's time over the step's length, both summed over the ranks; its one-sided 95%
+lower bound (SHARE_CONFIDENCE) from SHARE_BOOTSTRAP bootstrap resamples of the steps must
+reach the threshold too, and with fewer than SHARE_MIN_STEPS (5) steps (the default
+profiler window records 3) every step must. Exposed communication is tested over the
+profiled window's steps, each rank's exposed time scaled by its transfer fraction as the
+pooled figure is; the input wait over steps.jsonl's counted steps, else the window's.
+The evidence states the bound and how it was made; an Analysis without per-step figures
+(an older file) is judged on the pooled share, and the evidence says so. Measured on
+the scenarios (2 ranks, gloo, 30 steps): the healthy control's exposed communication
+wanders between 0.4% and 23% from step to step and pooled over 10% (10.1% to 11.8%) in
+4 of 22 recordings, a false gradient_accumulation finding each time; step by step, none,
+while every comm_bound, tiny_buckets and slow_input recording (5 each) kept its finding
+(benchmarks/share_noise.py).
+
 ddp_find_unused (an extension of DESIGN.md's vocabulary): DDP ran with
 find_unused_parameters=True (no static graph) and every rank's DDP recorded no unused
 parameter. Low severity and no estimated saving: what the search costs is not
@@ -48,7 +65,9 @@ from typing import TYPE_CHECKING, Any, Sequence
 from pardiag.analysis import Finding, Severity
 from pardiag.analysis_blocks import WhatIf, WhatIfRow
 from pardiag.run_info import FrameworkInfo
+from pardiag.analyzers.shares import ShareBound, host_bound, window_bound
 from pardiag.analyzers.steps import median
+from pardiag.analyzers.summary import transfer_fraction
 
 if TYPE_CHECKING:  # the registry imports this module
     from pardiag.analyzers.rules import RuleContext
@@ -124,6 +143,30 @@ def _on_window(ctx: RuleContext, assumption: str) -> str:
     x = ctx.inflation
     return assumption + (f"; shares of the profiled window (steps there {x:.2g}x the median step) applied to the "
                          "median step unchanged" if _window_basis(ctx) else "")
+
+
+def share_test(share: float, threshold: float, bound: ShareBound | None, what: str) -> tuple[bool, list[str]]:
+    """Whether a share rule's symptom clears its threshold, and the evidence line that
+    says how: the pooled `share` must reach `threshold`, and so must the lower bound of
+    the share over the steps (`analyzers.shares`: a one-sided 95% bootstrap bound over
+    the steps, or with fewer than 5 steps the smallest step), so that noise from step to
+    step makes no finding. Without per-step figures (`bound` None: an older analysis,
+    one built by hand) the pooled share decides alone, and the line says so."""
+    if share < threshold:
+        return False, []
+    if bound is None:
+        return True, [f"{what}: no per-step figures in this analysis, judged on the pooled share only"]
+    return bound.clears(threshold), [bound.words(what, threshold)]
+
+
+def _exposed_bound(ctx: RuleContext) -> ShareBound | None:
+    """The bound of the exposed communication without waiting (`ctx.exposed_transfer`),
+    step by step: each rank's exposed time in a step scaled by its transfer fraction, as
+    the pooled figure is."""
+    return window_bound(ctx.ranks, lambda r, f: f.get("comm_exposed", 0.0) * transfer_fraction(r))
+
+
+EXPOSED_WORDS = "exposed communication (waiting for other ranks left out)"
 
 
 # -- the framework the job ran under ------------------------------------------------------
@@ -419,7 +462,10 @@ def dataloader(ctx: RuleContext) -> list[Finding]:
             shares.append(min(1.0, hp.get("dataloader", 0.0) / hp["step"]))  # a wait is at most its step
     share = sum(shares) / len(shares) if shares else ctx.share("dataloader")
     source = "median over all steps (steps.jsonl)" if shares else "share of the profiled window"
-    if share < DATALOADER_MIN:
+    bound = (host_bound(ctx.analysis.ranks, "dataloader") if shares
+             else window_bound(ctx.ranks, lambda r, f: f.get("dataloader", 0.0)))
+    found, significance = share_test(share, DATALOADER_MIN, bound, "DataLoader wait")
+    if not found:
         return []
     loaders = ctx.framework.dataloaders or []
     cur = loaders[0] if loaders else {}
@@ -461,7 +507,7 @@ def dataloader(ctx: RuleContext) -> list[Finding]:
         evidence=[f"DataLoader wait {share:.1%} of the step ({source})"] + (
             [f"DataLoader: num_workers={workers}, pin_memory={cur.get('pin_memory')}, "
              f"persistent_workers={cur.get('persistent_workers')}, batch_size={cur.get('batch_size')}"] if cur else []
-        ) + basis,
+        ) + significance + basis,
         ranks=[r.rank for r in ctx.analysis.ranks],
         est_saving_pct=_pct(saving) if saving is not None else None,
         action=in_framework(ctx, action, forms, [_set(TORCH_LOADER, **kw)]),
@@ -485,6 +531,9 @@ def gradient_accumulation(ctx: RuleContext) -> list[Finding]:
     exposed = ctx.exposed_transfer()
     acc = ctx.framework.grad_accumulation or {}
     if exposed < GRADIENT_ACCUMULATION_MIN or not ctx.ddp or (acc.get("backwards_per_step") or 1) > 1:
+        return []
+    found, significance = share_test(exposed, GRADIENT_ACCUMULATION_MIN, _exposed_bound(ctx), EXPOSED_WORDS)
+    if not found:
         return []
     k = GRADIENT_ACCUMULATION_STEPS
     saving = _bounded(exposed * (1 - 1 / k), exposed)
@@ -519,8 +568,8 @@ def gradient_accumulation(ctx: RuleContext) -> list[Finding]:
         severity=_severity(exposed, GRADIENT_ACCUMULATION_MIN, GRADIENT_ACCUMULATION_HIGH, saving),
         title=f"communication not hidden by compute takes {exposed:.0%} of the step; accumulate {k} micro-batches "
               f"per sync{grows}",
-        evidence=[ctx.exposed_words(),
-                  "one backward pass per optimizer step (no gradient accumulation)"] + _window_basis(ctx),
+        evidence=[ctx.exposed_words()] + significance
+        + ["one backward pass per optimizer step (no gradient accumulation)"] + _window_basis(ctx),
         ranks=[r.rank for r in ctx.ranks],
         est_saving_pct=_pct(saving),
         action=_with_batch(in_framework(ctx, {
@@ -593,12 +642,15 @@ def ddp_bucket_size(ctx: RuleContext) -> list[Finding]:
     exposed = ctx.exposed_transfer()
     if not d or exposed < DDP_BUCKET_SIZE_MIN:
         return []
+    found, significance = share_test(exposed, DDP_BUCKET_SIZE_MIN, _exposed_bound(ctx), EXPOSED_WORDS)
+    if not found:
+        return []
     sizes = d.get("bucket_sizes_bytes") or []
     total = sum(sizes)
     cap = d.get("bucket_cap_mb") or 25.0
     ar = [c for c in ctx.analysis.collectives if c.op == "all_reduce" and c.calls]
     mean_bytes = sum(c.bytes for c in ar) / sum(c.calls for c in ar) if ar and any(c.bytes for c in ar) else None
-    evidence = [ctx.exposed_words(),
+    evidence = [ctx.exposed_words(), *significance,
                 f"bucket_cap_mb={cap:g}: {len(sizes)} bucket(s) of {', '.join(f'{b / 2**20:.1f}' for b in sizes)} MB"]
     if len(sizes) == 1 and total > DDP_BUCKET_SIZE_SMALL_BYTES:  # at most 1 MB: a 1 MB cap would not split it
         new_cap = max(1.0, round(total / DDP_BUCKET_SIZE_SPLIT / 2**20, 1))
@@ -681,6 +733,9 @@ def comm_overlap(ctx: RuleContext) -> list[Finding]:
     hidden = ctx.share("comm_overlapped")
     if exposed < COMM_OVERLAP_MIN or hidden > exposed or ctx.ddp:
         return []  # DDP overlap is tuned through its buckets
+    found, significance = share_test(exposed, COMM_OVERLAP_MIN, _exposed_bound(ctx), EXPOSED_WORDS)
+    if not found:
+        return []
     saving = _bounded(min(exposed, ctx.share("compute")) * COMM_OVERLAP_HIDDEN, exposed)
     fsdp = ctx.framework.fsdp
     if fsdp:
@@ -696,8 +751,8 @@ def comm_overlap(ctx: RuleContext) -> list[Finding]:
         lever="comm_overlap",
         severity=_severity(exposed, COMM_OVERLAP_MIN, COMM_OVERLAP_HIGH, saving),
         title=f"{exposed:.0%} of the step is communication that nothing overlaps",
-        evidence=[ctx.exposed_words(), f"communication hidden under compute {hidden:.1%} of the profiled time"]
-        + _window_basis(ctx),
+        evidence=[ctx.exposed_words(), *significance,
+                  f"communication hidden under compute {hidden:.1%} of the profiled time"] + _window_basis(ctx),
         ranks=[r.rank for r in ctx.ranks],
         est_saving_pct=_pct(saving),
         action={"code": code, "doc": doc,

@@ -219,8 +219,11 @@ def analyze_path(
     nccl, nccl_report = _nccl(run, nccl_logs, world, notices)
     telemetry = _telemetry(run, notices) if run is not None else None
     from pardiag.analyzers.rules import advise
-    from pardiag.analyzers.summary import build_summary
+    from pardiag.analyzers.summary import build_summary, inflation_words
 
+    summary = build_summary(ranks, step_records if run is not None else None)
+    if (said := inflation_words(summary.profiled_step_inflation)) is not None:
+        notices.append(Notice("info", said))
     advised = advise(Analysis(
         hang=hang,
         hta=hta,
@@ -234,7 +237,7 @@ def analyze_path(
         process_groups=process_groups(traces, matched.collectives, world,
                                       fsdp=any(m.fsdp for m in metas.values())),
         notices=notices,
-        summary=build_summary(ranks, step_records if run is not None else None),
+        summary=summary,
     ), nccl=nccl_report, telemetry=telemetry)
     return _estimates(advised, inputs, step_records, run, notices)
 
@@ -435,7 +438,29 @@ def _rank_result(
         phases_per_step_us={k: v / n_steps for k, v in t.phases_us.items()} if t and n_steps else {},
         host_phases_us=_host_phases(records),
         ops=dict(t.ops) if t else {},
+        breakdown_per_step_us={str(k): dict(v) for k, v in t.breakdown_per_step_us.items()} if t else {},
+        host_per_step_us=_host_per_step(records),
     )
+
+
+HOST_STEPS_KEPT = 512  # counted steps of steps.jsonl kept per rank for the share tests
+
+
+def _host_per_step(records: Sequence[StepRecord]) -> dict[str, dict[str, float]]:
+    """The last HOST_STEPS_KEPT counted steps (steps.jsonl), each its duration ("step")
+    and the host phases it observed, keyed by the step's number as text."""
+    from pardiag.step_records import counted, host_phases
+
+    recs = [r for r in records if counted(r) and r.dur_us is not None and r.dur_us > 0][-HOST_STEPS_KEPT:]
+    out = {}
+    for r in recs:
+        d = {"step": float(r.dur_us or 0.0)}
+        for sig in host_phases():
+            v = r.get(sig.name)
+            if v is not None:
+                d[sig.name] = float(v)
+        out[str(r.step)] = d
+    return out
 
 
 def _host_phases(records: Sequence[StepRecord]) -> dict[str, float]:

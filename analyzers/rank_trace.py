@@ -103,6 +103,9 @@ class RankTrace:
     world_size: int | None = None
     ops: dict[str, Any] = field(default_factory=dict)
     host_gaps_us: dict[str, float] = field(default_factory=dict)  # host work by where in the step, window total
+    # per profiled step (its tile: to the next step's start), the breakdown's categories;
+    # they sum to the step's length, and over the steps to `breakdown_us`
+    breakdown_per_step_us: dict[int, dict[str, float]] = field(default_factory=dict)
 
 
 def profiled_steps(trace: Trace) -> tuple[tuple[StepSpan, ...], int | None]:
@@ -178,7 +181,8 @@ def analyze_rank_trace(trace: Trace, drop_last_step: bool = False) -> RankTrace:
         comp = (g_s[kinds == KernelKind.COMPUTATION], g_e[kinds == KernelKind.COMPUTATION])
         comm = (g_s[kinds == KernelKind.COMMUNICATION], g_e[kinds == KernelKind.COMMUNICATION])
         mem = (g_s[kinds == KernelKind.MEMORY], g_e[kinds == KernelKind.MEMORY])
-        breakdown = _breakdown(window, comp, comm, mem, dl, dataloader_first=False)
+        layers: tuple[Intervals, Intervals, Intervals, Intervals, bool] = (comp, comm, mem, dl, False)
+        breakdown = _breakdown(window, *layers)
         other = kinds == KernelKind.OTHER
         if other.any():
             odd = sorted({names[i] for i in np.unique(trace.gpu.name_id[other])})
@@ -194,9 +198,11 @@ def analyze_rank_trace(trace: Trace, drop_last_step: bool = False) -> RankTrace:
             )
     else:
         empty = (np.empty(0), np.empty(0))
-        breakdown = _breakdown(window, compute_host, comm_host, empty, dl, dataloader_first=True)
+        layers = (compute_host, comm_host, empty, dl, True)
+        breakdown = _breakdown(window, *layers)
 
     phases_per_step = {}
+    breakdown_per_step: dict[int, dict[str, float]] = {}
     layers_base = (dl, _select(trace, is_opt & on_train), _select(trace, is_bwd))
     op_mask = is_op & on_train & ~is_dl
     L = trace.launches
@@ -209,6 +215,8 @@ def analyze_rank_trace(trace: Trace, drop_last_step: bool = False) -> RankTrace:
         # steps tile the window: a step lasts until the next one starts
         end = spans[i + 1].start_us if i + 1 < len(spans) else sp.end_us
         phases_per_step[sp.step], where = _phases((sp.start_us, end), layers_base, trace, op_mask, is_bwd, blocked)
+        if sp.step >= 0:
+            breakdown_per_step[sp.step] = _breakdown((sp.start_us, end), *layers)
         for k, v in where.items():
             host_gaps[k] = host_gaps.get(k, 0.0) + v
     phases = {p: sum(d[p] for d in phases_per_step.values()) for p in PHASES}
@@ -223,6 +231,7 @@ def analyze_rank_trace(trace: Trace, drop_last_step: bool = False) -> RankTrace:
         phases_per_step_us={k: v for k, v in phases_per_step.items() if k >= 0},
         collectives=tuple(collective_calls(trace, steps, window)),
         host_gaps_us=host_gaps,
+        breakdown_per_step_us=breakdown_per_step,
         threads={"main": main_tid if main_tid is not None else -1, "backward": len(bwd_tids)},
         notices=tuple(notices),
         world_size=trace.distributed.world_size if trace.distributed else None,

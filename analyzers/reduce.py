@@ -24,6 +24,7 @@ from pardiag.analyzers.rank_trace import CollectiveCall, RankTrace, StepSpan
 def to_body(result: RankTrace, gpu: GpuTime | None, base_time_ns: int | None) -> dict[str, Any]:
     d = asdict(result)
     d["phases_per_step_us"] = {str(k): v for k, v in result.phases_per_step_us.items()}
+    d["breakdown_per_step_us"] = {str(k): v for k, v in result.breakdown_per_step_us.items()}
     return {"result": d, "gpu": asdict(gpu) if gpu else None, "base_time_ns": base_time_ns}
 
 
@@ -32,6 +33,9 @@ def from_body(doc: dict[str, Any]) -> tuple[RankTrace, GpuTime | None, int | Non
     r["steps"] = tuple(StepSpan(**s) for s in r["steps"])
     r["collectives"] = tuple(CollectiveCall(**c) for c in r["collectives"])
     r["phases_per_step_us"] = {int(k): v for k, v in r["phases_per_step_us"].items()}
+    # a summary written before the per-step breakdown existed raises KeyError: `load`
+    # then reads the trace again, so that the share tests have their steps
+    r["breakdown_per_step_us"] = {int(k): v for k, v in r["breakdown_per_step_us"].items()}
     r["notices"] = tuple(r.get("notices") or ())
     r["pg_config"] = tuple(r.get("pg_config") or ())
     gpu = GpuTime(**doc["gpu"]) if doc.get("gpu") else None

@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 from pardiag.analysis import BREAKDOWN_KEYS, Analysis, Inflation, RankResult, StepPercentiles, Summary
 from pardiag.analyzers.steps import job_step_times_us, median, percentile
-from pardiag.step_records import StepRecord
+from pardiag.step_records import WARMUP_STEPS, StepRecord, counted
 
 StepRecords = Mapping[int, Sequence[StepRecord]]
 
@@ -38,7 +38,9 @@ def build_summary(ranks: Sequence[RankResult], step_records: StepRecords | None 
         breakdown_ratio={k: v for k in BREAKDOWN_KEYS
                          if (v := _pooled(ranks, lambda r, k=k: r.breakdown_us.get(k, 0.0))) is not None},
         step_percentiles_us=step_percentiles(ranks, step_records),
-        profiled_step_inflation=inflation(ranks, step if source == "all steps" else None),
+        profiled_step_inflation=replace(inflation(ranks, step if source == "all steps" else None),
+                                        by_phase_us=phase_inflation_us(step_records or {}),
+                                        adjacent=adjacent_inflation(step_records or {})),
         computed_from="steps" if step_records is not None else "ranks",
     )
 
@@ -76,10 +78,15 @@ def profiled_window_step_us(r: RankResult) -> float | None:
 
 def exposed_transfer_us(r: RankResult) -> float:
     """A rank's exposed communication without its waiting for other ranks: scaled by the
-    share of its collective time that was transfer, transfer / (transfer + wait)."""
+    share of its collective time that was transfer (`transfer_fraction`)."""
+    return r.breakdown_us.get("comm_exposed", 0.0) * transfer_fraction(r)
+
+
+def transfer_fraction(r: RankResult) -> float:
+    """The share of a rank's collective time that was transfer, transfer / (transfer +
+    wait); 1 when it spent none in collectives."""
     coll = r.transfer_us + r.wait_us
-    frac = r.transfer_us / coll if coll > 0 else 1.0
-    return r.breakdown_us.get("comm_exposed", 0.0) * frac
+    return r.transfer_us / coll if coll > 0 else 1.0
 
 
 def _pooled(ranks: Sequence[RankResult], part: Any) -> float | None:
@@ -118,3 +125,84 @@ def inflation(ranks: Sequence[RankResult], step_us: float | None) -> Inflation:
             by_rank[str(r.rank)] = p / r.step_time_us.p50
     prof = median(profiled)
     return Inflation(job=prof / step_us if prof is not None and step_us else None, by_rank=by_rank)
+
+
+def phase_inflation_us(step_records: StepRecords) -> dict[str, float]:
+    """What the profiler made longer: per host phase of steps.jsonl (`host_phases`) and
+    "untimed" (the step less those phases: pardiag's boundary, Python outside them), the
+    median over ranks of (its median over the steps inside the profiler's active window
+    less its median over the counted steps). {} without steps in both."""
+    from pardiag.step_records import host_phases
+
+    names = [s.name for s in host_phases()]
+
+    def value(r: StepRecord, name: str) -> float | None:
+        if name != "untimed":
+            return r.get(name)
+        return (r.dur_us or 0.0) - sum(r.get(n) or 0.0 for n in names)
+
+    per: dict[str, list[float]] = {}
+    for records in step_records.values():
+        active = [r for r in records if r.profiler == "active" and r.dur_us is not None and r.step >= WARMUP_STEPS]
+        plain = [r for r in records if counted(r) and r.dur_us is not None]
+        if not active or not plain:
+            continue
+        for name in [*names, "untimed"]:
+            a = median([v for r in active if (v := value(r, name)) is not None])
+            b = median([v for r in plain if (v := value(r, name)) is not None])
+            if a is not None and b is not None:
+                per.setdefault(name, []).append(a - b)
+    return {k: m for k, v in per.items() if (m := median(v)) is not None}
+
+
+ADJACENT_STEPS = 4  # counted steps on either side of the profiler window: its local baseline
+
+
+def adjacent_inflation(step_records: StepRecords) -> float | None:
+    """The median over ranks of (the median step inside the profiler's active window over
+    the median of the counted steps at most ADJACENT_STEPS before the window opens or
+    after it closes). Against the median of every step, a job whose machine got faster
+    or slower part-way reads as inflated; against its neighbours, only what the window
+    itself added. None without both kinds of step."""
+    ratios = []
+    for records in step_records.values():
+        window = [r.step for r in records if r.profiler is not None]
+        active = [r.dur_us for r in records
+                  if r.profiler == "active" and r.dur_us is not None and r.step >= WARMUP_STEPS]
+        if not window or not active:
+            continue
+        lo, hi = min(window), max(window)
+        near = [r.dur_us for r in records if counted(r) and r.dur_us is not None
+                and (lo - ADJACENT_STEPS <= r.step < lo or hi < r.step <= hi + ADJACENT_STEPS)]
+        a, b = median(active), median(near)
+        if a is not None and b:
+            ratios.append(a / b)
+    return median(ratios)
+
+
+INFLATION_SAID = 1.10  # profiled steps this much longer than the median step: the analysis says what grew
+PHASE_SAID = 0.10  # ... naming the phases that hold at least this share of the growth
+PHASE_WORDS = {"dataloader": "DataLoader", "forward": "forward", "backward": "backward", "optimizer": "optimizer",
+               "untimed": "outside those"}
+
+
+def inflation_words(inf: Inflation) -> str | None:
+    """The notice for profiled steps over INFLATION_SAID x the median step: what grew
+    (the phases of steps.jsonl, largest first) and what that means for the window's
+    shares; None below it or when unknown."""
+    if inf.job is None or inf.job < INFLATION_SAID:
+        return None
+    total = sum(v for v in inf.by_phase_us.values() if v > 0)
+    grew = sorted(((v, k) for k, v in inf.by_phase_us.items() if v > 0 and v >= PHASE_SAID * total), reverse=True)
+    what = (": " + ", ".join(f"{PHASE_WORDS.get(k, k)} +{v / 1000:.1f} ms" for v, k in grew[:3])
+            + " per step (median over ranks, steps.jsonl)") if grew else ""
+    near = ""
+    if inf.adjacent is not None:
+        near = (f"; against the steps just before and after the window {inf.adjacent:.2f}x"
+                + (" (the machine's speed changed during the job: most of the difference is not the profiler's)"
+                   if inf.adjacent < INFLATION_SAID else ""))
+    return (f"profiled steps took {inf.job:.2f}x the median step{what}{near}. The profiler adds host time to every "
+            "operator it records (more with --with-stack or --profile-memory; other processes busy during the "
+            "window show the same way), so the window's shares of host-side "
+            "work (compute on a CPU, the phases, idle and input time beside them) are those of the slowed steps; "
+            "savings taken from them are qualified in their findings")

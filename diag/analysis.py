@@ -105,6 +105,12 @@ class RankResult:
     phases_per_step_us: dict[str, float] = field(default_factory=dict)
     host_phases_us: dict[str, float] = field(default_factory=dict)  # from steps.jsonl, per step
     ops: dict[str, Any] = field(default_factory=dict)  # GEMM time by precision, kernel sizes, host syncs
+    # per profiled step (its number as text), the breakdown's categories (they sum to the
+    # step's length): what the share rules test step by step (levers.share_test)
+    breakdown_per_step_us: dict[str, dict[str, float]] = field(default_factory=dict)
+    # per counted step of steps.jsonl (the last HOST_STEPS_KEPT), its duration ("step")
+    # and the host phases it observed
+    host_per_step_us: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -192,7 +198,11 @@ SUMMARY_DEFINITIONS = {
                            "value per rank, its profiled window per step (source 'profiled')",
     "profiled_step_inflation": "profiled step / unprofiled step: per rank, the median step inside the profiler "
                                "window (else the profiled window per step) / its p50 step; for the job, the median "
-                               "over ranks of the profiled step / step_p50_us",
+                               "over ranks of the profiled step / step_p50_us; by_phase_us: per host phase of "
+                               "steps.jsonl (untimed: the step less its phases), the median over ranks of its "
+                               "median inside the profiler's active window less its median over the counted steps; "
+                               "adjacent: the same ratio as job against the counted steps at most 4 before the "
+                               "window opens or after it closes (median over ranks)",
 }
 
 
@@ -214,6 +224,12 @@ class Inflation:
 
     job: float | None
     by_rank: dict[str, float] = field(default_factory=dict)  # rank (as a JSON key) -> ratio
+    # what grew: per host phase of steps.jsonl ("untimed": the step less its phases), the
+    # extra time per profiled step (median over ranks of profiled less unprofiled medians)
+    by_phase_us: dict[str, float] = field(default_factory=dict)
+    # the profiled step over the counted steps just before and after the window (median
+    # over ranks): the profiler's own cost, without the drift of a machine whose load changed
+    adjacent: float | None = None
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ The job (times in ms):
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 import json
 
 import pytest
@@ -30,7 +31,7 @@ from pardiag.analyzers.diff import RunInput, diff_runs
 from pardiag.analyzers.rules import advise
 from pardiag.analyzers.scaling import scaling
 from pardiag.analyzers.steps import percentile
-from pardiag.analyzers.summary import build_summary
+from pardiag.analyzers.summary import build_summary, inflation_words
 from pardiag.errors import UserError
 from pardiag.step_records import parse as parse_step
 from pardiag.render_text import print_summary
@@ -190,3 +191,54 @@ def test_schema_2_without_summary_is_refused() -> None:
     del doc["summary"]
     with pytest.raises(UserError, match="summary"):
         from_dict(doc)
+
+
+def test_the_inflation_names_the_phases_that_grew() -> None:
+    # per rank: 5 counted steps with forward 20, backward 40 and optimizer 5 ms, then 3
+    # active steps with each phase longer by the given ms (the step longer by the same)
+    def records(fwd: float, bwd: float, opt: float) -> list:
+        recs = []
+        for i in range(1, 9):
+            x = 1.0 if i >= 6 else 0.0
+            f, b, o = 20 + x * fwd, 40 + x * bwd, 5 + x * opt
+            recs.append(parse_step({"step": i, "dur_us": (f + b + o + 35) * MS, "fwd_us": f * MS, "bwd_us": b * MS,
+                                    "opt_us": o * MS, **({"profiler": "active"} if x else {})}))
+        return recs
+
+    s = build_summary(RANKS, {0: records(4, 30, 1), 1: records(6, 34, 1)})
+    inf = s.profiled_step_inflation
+    # medians over ranks: forward (4 + 6) / 2 = 5 ms, backward (30 + 34) / 2 = 32 ms,
+    # optimizer 1 ms, nothing untimed
+    assert inf.by_phase_us == pytest.approx({"forward": 5 * MS, "backward": 32 * MS, "optimizer": 1 * MS,
+                                             "untimed": 0.0})
+    words = inflation_words(inf)
+    assert words is not None and words.startswith(f"profiled steps took {inf.job:.2f}x")
+    # backward first; forward holds 5 of 38 ms of the growth (over a tenth), optimizer 1 (under)
+    assert "backward +32.0 ms, forward +5.0 ms per step" in words and "optimizer" not in words
+
+
+def test_under_10_percent_inflation_nothing_is_said() -> None:
+    assert inflation_words(replace(job().job_summary.profiled_step_inflation, job=1.09)) is None
+    assert inflation_words(replace(job().job_summary.profiled_step_inflation, job=None)) is None
+    assert inflation_words(job().job_summary.profiled_step_inflation) is not None  # 1.3x
+
+
+def test_a_machine_that_got_faster_is_not_called_profiler_inflation() -> None:
+    # steps 1-13 at 80 ms (the window: 5-6 warm-up, 7-9 active at 84 ms), then the
+    # machine frees up: steps 14-30 at 40 ms. The median of every counted step is 40 ms
+    # (17 of 25), so the profiled steps read 2.1x; the 4 counted steps on either side of
+    # the window (1-4, 10-13) are 80 ms: 84 / 80 = 1.05x
+    def records() -> list:
+        out = []
+        for i in range(1, 31):
+            phase = "warmup" if i in (5, 6) else "active" if i in (7, 8, 9) else None
+            dur = 84 if phase == "active" else 80 if i <= 13 else 40
+            out.append(parse_step({"step": i, "dur_us": dur * MS, **({"profiler": phase} if phase else {})}))
+        return out
+
+    ranks = [replace(r, step_time_us=replace(r.step_time_us, p50=40 * MS, profiled_p50=84 * MS)) for r in RANKS]
+    inf = build_summary(ranks, {0: records(), 1: records()}).profiled_step_inflation
+    assert inf.job == pytest.approx(2.1) and inf.adjacent == pytest.approx(1.05)
+    words = inflation_words(inf)
+    assert words is not None and "1.05x" in words and "not the profiler's" in words
+    assert "not the profiler's" not in (inflation_words(replace(inf, adjacent=1.3)) or "")
