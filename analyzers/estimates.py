@@ -202,11 +202,12 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
     if model is None or not model.origin:
         return share_based(a, inputs.why or "no replay model of the window")
     base = rp.replay(model)
-    refused = base.refusal()
+    off = base.refusal()
     path = base.median_path()
-    crit = critical_path_dict(path, base) if path is not None and refused is None else None
+    crit = critical_path_dict(path, base) if path is not None and off is None else None
+    refused = off or unanchored(model)  # the measured window's path holds even then
     if refused is not None:
-        return share_based(a, refused)
+        return replace(share_based(a, refused), critical_path=crit)
     b = median_step(base)
     job_step = a.job_summary.step_p50_us or 0.0
     counted_steps = job_step_times_us(inputs.step_records).values_us if inputs.step_records else []
@@ -253,6 +254,18 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
     elif what is not None:
         what = replace(what, method="share", replay_error_pct=err, refused=None)
     return replace(a, findings=findings, what_if=what, critical_path=crit)
+
+
+def unanchored(model: rp.Model) -> str | None:
+    """Why the replay cannot move the collectives, when some have no issuing call in the
+    trace (no ``c10d::*`` call on the host, no kernel launch): they would keep their
+    measured start whatever an edit does before them."""
+    free = sum(1 for n in model.nodes if n.kind == rp.COLL and not n.deps)
+    if not free:
+        return None
+    total = sum(1 for n in model.nodes if n.kind == rp.COLL)
+    return (f"{free} of {total} collectives have no issuing call in the trace (a c10d call or a kernel launch): "
+            "the replay could not move them")
 
 
 def share_based(a: Analysis, why: str | None) -> Analysis:

@@ -767,7 +767,8 @@ def _apply(model: Model, edits: Sequence[Edit]) -> tuple[list[float], bool, list
                 for f in fetches:
                     total = sum(nodes[i].dur for i in f)
                     if ed.workers:
-                        step = steps.get(nodes[f[0]].step) if nodes[f[0]].step is not None else None
+                        num = nodes[f[0]].step
+                        step = steps.get(num) if num is not None else None
                         rest = max((step or total) - total, 0.0)
                         target = max(total / ed.workers - rest, 0.0)
                     else:

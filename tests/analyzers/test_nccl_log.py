@@ -607,8 +607,9 @@ def test_no_findings_on_healthy_job() -> None:
 
 
 def check_shape(f: dict[str, Any]) -> None:
-    assert set(f) == {"lever", "severity", "title", "evidence", "ranks", "est_saving_pct", "action"}
+    assert set(f) == {"lever", "severity", "title", "evidence", "ranks", "est_saving_pct", "action", "estimate"}
     assert f["lever"] == "nccl_env" and f["severity"] in ("high", "medium", "low") and f["est_saving_pct"] is None
+    assert f["estimate"] is None  # no saving estimated, so nothing to say how
     assert f["evidence"] and all(isinstance(e, str) for e in f["evidence"])
     action = f["action"]
     assert isinstance(action, dict) and set(action) == {"env", "doc"} and str(action["doc"]).startswith("https://")

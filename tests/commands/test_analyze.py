@@ -48,6 +48,13 @@ def test_json_output_is_the_contract(two_ranks: Path) -> None:
     (data,) = doc["findings"]
     assert data["lever"] == "dataloader" and data["est_saving_pct"] == pytest.approx(9.0)
     assert "num_workers=2" in data["action"]["code"]
+    # these traces have no c10d call issuing their all-reduces: the replay could not move
+    # them, so the estimate stays the share-based one and says why
+    assert data["estimate"]["method"] == "share" and "2 of 2 collectives have no issuing call" in data["estimate"]["refused"]
+    assert doc["what_if"]["method"] == "share"
+    # the measured window's critical path still holds: rank 1 arrives last (1750 us) at the
+    # all-reduce, so the step's end waited on rank 1
+    assert doc["critical_path"]["rank"] == 1 and doc["critical_path"]["replay_error_pct"] == 0.0
     window_step = 1000.0  # no steps.jsonl: the profiled step is the reference
     assert doc["what_if"]["all_step_us"] == pytest.approx(window_step * (1 - 0.09))
 
