@@ -703,9 +703,30 @@ def build_model(traces: Mapping[int, Trace], incomplete: Iterable[int] = (),
             done = min([nodes[m].measured_end for m in ids] + [woken.get(m, math.inf) for m in ids])
             n.done = max(done, last_arrival[i])
             n.transfer = n.dur = n.done - last_arrival[i]
+    # a wait that ends long after the collective it was matched to completed (its worker
+    # closed the annotation late) waited for the rank's collective that completed last
+    # before it ended: the loop waits for DDP's buckets one after another
+    done_by_rank: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    for i, n in enumerate(nodes):
+        if n.kind == COLL and n.done is not None:
+            done_by_rank[n.rank].append((n.done, i))
+    for v in done_by_rank.values():
+        v.sort()
     for n in nodes:
         if n.kind == WAIT and nodes[n.deps[0]].kind == COLL:
-            n.dur = max(n.measured_end - (nodes[n.deps[0]].done or 0.0), 0.0)
+            wake = n.measured_end - (nodes[n.deps[0]].done or 0.0)
+            if wake > WAIT_TOL_US:
+                pool = done_by_rank[n.rank]
+                j = bisect.bisect_right(pool, (n.measured_end, math.inf)) - 1
+                while j >= 0 and pool[j][0] > max(nodes[n.deps[0]].done or 0.0, n.measured_start):
+                    c = nodes[pool[j][1]]
+                    # issued before the wait began (a collective issued later cannot be what it waited for)
+                    if all(nodes[d].measured_end <= n.measured_start + 1e-6 for d in c.deps):
+                        n.deps[0] = pool[j][1]
+                        break
+                    j -= 1
+            # (a collective done before the wait began: the wait is its whole length)
+            n.dur = max(n.measured_end - max(nodes[n.deps[0]].done or 0.0, n.measured_start), 0.0)
     # a measured delay before each non-host operation: what its dependencies do not explain
     for (r, stream), ids in model.streams.items():
         if stream == "host":
@@ -725,12 +746,24 @@ def _measured_done(n: Node) -> float:
 
 
 # ------------------------------------------------------------------------------ replay
-def _apply(model: Model, edits: Sequence[Edit]) -> tuple[list[float], bool, list[float]]:
-    """Edited durations, whether collectives skip the cross-rank wait, and the edited
-    delays before operations (an operation an edit removes loses its delay too)."""
+@dataclass
+class _Applied:
+    """The model's timing with edits applied: durations, delays before operations, whether
+    collectives skip the cross-rank wait, and operations an edit merged into another
+    (``gone``: node -> the node that now does its work; what waited for it waits for that)."""
+
+    dur: list[float]
+    delay: list[float]
+    no_sync: bool = False
+    gone: dict[int, int] = field(default_factory=dict)
+
+
+def _apply(model: Model, edits: Sequence[Edit]) -> _Applied:
+    """The timing with ``edits`` applied, in order."""
     nodes = model.nodes
     dur = [n.dur for n in nodes]
     delay = [n.delay for n in nodes]
+    gone: dict[int, int] = {}
     no_sync = False
 
     def ranks_of(rs: tuple[int, ...] | None) -> set[int]:
@@ -787,7 +820,7 @@ def _apply(model: Model, edits: Sequence[Edit]) -> tuple[list[float], bool, list
                 if n.kind == COLL or (n.kind == WORK and n.phase == "optimizer"):
                     dur[i] /= k
         elif isinstance(ed, RegroupBuckets):
-            _regroup(model, ed, dur, delay)
+            _regroup(model, ed, dur, delay, gone)
         elif isinstance(ed, ScalePhase):
             rs = ranks_of(ed.ranks)
             for i, n in enumerate(nodes):
@@ -805,14 +838,14 @@ def _apply(model: Model, edits: Sequence[Edit]) -> tuple[list[float], bool, list
                 ph = (n.kind, n.phase)
                 if mine.get(ph, 0.0) > 0:
                     dur[i] *= statistics.median(t.get(ph, 0.0) for t in theirs) / mine[ph]
-    return dur, no_sync, delay
+    return _Applied(dur, delay, no_sync, gone)
 
 
-def _regroup(model: Model, ed: RegroupBuckets, dur: list[float], delay: list[float]) -> None:
+def _regroup(model: Model, ed: RegroupBuckets, dur: list[float], delay: list[float], gone: dict[int, int]) -> None:
     """``RegroupBuckets``: per rank and step, the all-reduces in issue order (on all of
     the rank's collective streams: gloo alternates between two worker threads) packed
     under the cap; every call but the last of a pack is gone (no time, no delay), the last
-    one lasts the pack's time."""
+    one lasts the pack's time, picked up after the calls' median delay."""
     nodes = model.nodes
     by_step: dict[tuple[int, int | None], list[int]] = defaultdict(list)
     for (r, stream), ids in model.streams.items():
@@ -822,6 +855,13 @@ def _regroup(model: Model, ed: RegroupBuckets, dur: list[float], delay: list[flo
             n = nodes[i]
             if n.kind == COLL and n.name.startswith("all_reduce") and n.bytes:
                 by_step[(r, n.step)].append(i)
+    # the curve at the level of the job's own calls: the median of their measured time over
+    # what the curve gives them (a median: a call the CPU's scheduler held for milliseconds
+    # is a delay of its own, not its size's)
+    ratios = [dur[i] / p for calls in by_step.values() for i in calls
+              if (p := ed.alpha_us + (nodes[i].bytes or 0) * ed.beta_us_per_byte) > 0]
+    level = statistics.median(ratios) if ratios else 1.0
+    pickup = statistics.median(delay[i] for calls in by_step.values() for i in calls) if by_step else 0.0
     for calls in by_step.values():
         calls.sort(key=lambda i: (nodes[i].measured_start, i))
         pack: list[int] = []
@@ -830,12 +870,11 @@ def _regroup(model: Model, ed: RegroupBuckets, dur: list[float], delay: list[flo
             b = nodes[i].bytes or 0 if i >= 0 else 0
             if pack and (i < 0 or size + b > ed.cap_bytes):
                 if len(pack) > 1:
-                    measured = sum(dur[j] for j in pack)
-                    predicted = sum(ed.alpha_us + (nodes[j].bytes or 0) * ed.beta_us_per_byte for j in pack)
-                    merged = ed.alpha_us + size * ed.beta_us_per_byte
                     for j in pack[:-1]:
                         dur[j] = delay[j] = 0.0
-                    dur[pack[-1]] = merged * measured / predicted if predicted > 0 else merged
+                        gone[j] = pack[-1]
+                    dur[pack[-1]] = (ed.alpha_us + size * ed.beta_us_per_byte) * level
+                    delay[pack[-1]] = pickup
                 pack, size = [], 0
             if i >= 0:
                 pack.append(i)
@@ -889,13 +928,18 @@ def replay(model: Model, edits: Sequence[Edit] = ()) -> ReplayResult:
 def timeline(model: Model, edits: Sequence[Edit] = ()) -> Timeline:
     """The replayed times of every node (with ``edits`` applied)."""
     nodes = model.nodes
-    dur, no_sync, delay = _apply(model, edits)
+    ap = _apply(model, edits)
+    dur, delay, gone = ap.dur, ap.delay, ap.gone
     n = len(nodes)
     start = [math.nan] * n
     end = [math.nan] * n
     arrival: dict[int, float] = {}
     why: list[int] = [-1] * n  # the node whose end set this node's start (-1: stream order / origin)
-    member_of = {i: k for k, ids in model.groups.items() for i in ids}
+    # a collective merged into another no longer synchronises the ranks; what waited
+    # for it waits for the one that does its work
+    member_of = ({} if ap.no_sync else
+                 {i: k for k, ids in model.groups.items() if not any(m in gone for m in ids) for i in ids})
+    deps = [[gone.get(d, d) for d in nd.deps] if gone else nd.deps for nd in nodes]
     ptr = {s: 0 for s in model.streams}
     pending = sum(len(v) for v in model.streams.values())
     while pending:
@@ -905,16 +949,16 @@ def timeline(model: Model, edits: Sequence[Edit] = ()) -> Timeline:
                 i = ids[ptr[s]]
                 node = nodes[i]
                 if i not in arrival:
-                    if any(math.isnan(end[d]) for d in node.deps):
+                    if any(math.isnan(end[d]) for d in deps[i]):
                         break
                     prev = ids[ptr[s] - 1] if ptr[s] else -1
                     ready, cause = (end[prev], prev) if prev >= 0 else (model.origin[node.rank], -1)
-                    for d in node.deps:
+                    for d in deps[i]:
                         if end[d] > ready:
                             ready, cause = end[d], d
                     arrival[i] = ready + delay[i]
                     why[i] = cause
-                k = member_of.get(i) if not no_sync else None
+                k = member_of.get(i)
                 if k is None:
                     start[i] = arrival[i]
                     end[i] = start[i] + dur[i]

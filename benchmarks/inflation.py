@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from whatif_accuracy import free_port, log  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train_ddp.py"
@@ -43,16 +46,6 @@ SETTINGS: dict[str, tuple[str, ...]] = {
     "warmup_1": ("--profile-steps", "5,1,3"),
     "no_profile": ("--no-profile",),  # no window: the ratio is of the same steps' noise (1.0 expected)
 }
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def record(out: Path, options: tuple[str, ...]) -> None:
