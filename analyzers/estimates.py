@@ -217,9 +217,10 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
              else "saving relative to the replayed window's median step (no step records)")
     err = round(100 * base.error, 1)
 
-    def saving(edits: Sequence[rp.Edit]) -> float:
+    def saving(edits: Sequence[rp.Edit]) -> tuple[float, float]:
+        """(saving, the edited window's median step)."""
         e = median_step(rp.replay(model, edits))
-        return min(max(0.0, (b - e) / u), 1.0) if u > 0 else 0.0
+        return (min(max(0.0, (b - e) / u), 1.0) if u > 0 else 0.0), e
 
     findings: list[Finding] = []
     all_edits: list[rp.Edit] = []
@@ -229,11 +230,13 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
         if p is None:
             findings.append(f if f.est_saving_pct is None else replace(f, estimate=_share_estimate(f, None)))
             continue
-        s = saving(p.edits)
+        s, e = saving(p.edits)
         pct = round(100 * s, 1)
         est = {"method": "replay", "saving_pct": pct, "share_saving_pct": f.est_saving_pct,
                "replay_error_pct": err, "refused": None, "edits": list(p.words) + [basis],
-               "factors": [x.to_dict() for x in p.factors]}
+               "factors": [x.to_dict() for x in p.factors],
+               "window_step_us": round(b, 1), "projected_window_step_us": round(e, 1),
+               "job_step_us": round(u, 1)}
         sev = "low" if s < SAVING_LOW else f.severity
         findings.append(replace(f, est_saving_pct=pct, severity=sev, estimate=est))
         all_edits.extend(p.edits)
@@ -242,7 +245,7 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
     findings.sort(key=rank_key)
     what = a.what_if
     if all_edits and job_step > 0:
-        together = saving(all_edits)
+        together, _ = saving(all_edits)
         replayed = {x.lever for x in rows}
         share_rows = [r for r in (what.findings if what else []) if r.lever not in replayed]
         what = WhatIf(step_us=job_step, findings=rows + share_rows, all_step_us=job_step * (1 - together),

@@ -12,6 +12,13 @@ compare, per lever:
              rank; warm-up, profiler window and disturbed steps left out), per
              micro-batch (a fix that accumulates k micro-batches per step is divided by k)
   error      estimated - measured, in percentage points
+  method     how the estimate was made (replay, or share when the replay was refused),
+             with the share-based figure beside it ("share est")
+  replay err the replay's error against the measured window, the worst of the runs
+  window err the edited replay's step (the fixed window as the problem run projects it)
+             less the fixed run's own profiled window step, per micro-batch, in points of
+             the problem's window step: the model's error apart from the profiler slowing
+             the two runs differently
 
 and the run-to-run noise (with --repeat 2 or more): "noise", the same job recorded
 twice, the problem runs against each other and the fixed runs against each other (the
@@ -25,6 +32,8 @@ again (--retries) and the least disturbed recording is kept.
     python benchmarks/whatif_accuracy.py                        # every scenario, once
     python benchmarks/whatif_accuracy.py --repeat 2             # with the noise
     python benchmarks/whatif_accuracy.py --scenarios slow_rank,slow_input --json out.json
+    python benchmarks/whatif_accuracy.py --repeat 2 --keep runs/ && \
+        python benchmarks/whatif_accuracy.py --repeat 2 --reuse runs/   # the same runs, analysed again
 
 Progress goes to stderr; the table (or with --json - , the JSON) to stdout.
 """
@@ -119,6 +128,9 @@ class Result:
     method: list[str | None] = field(default_factory=list)  # per problem run: how it was estimated (replay, share)
     share_pct: list[float | None] = field(default_factory=list)  # per problem run: the share-based estimate
     replay_error_pct: list[float | None] = field(default_factory=list)  # per run (problem and fixed): the replay's error
+    projected_window_us: list[float | None] = field(default_factory=list)  # per problem run: the edited replay's step, per micro-batch
+    window_us: list[float | None] = field(default_factory=list)  # per problem run: its replayed window step
+    fixed_window_us: list[float | None] = field(default_factory=list)  # per fixed run: its window's replayed step, per micro-batch
     what_if_all_pct: list[float | None] = field(default_factory=list)  # per problem run
     top_lever: list[str | None] = field(default_factory=list)  # per problem run: the first finding's lever
     still_reported: list[bool | None] = field(default_factory=list)  # per fixed run: the lever found again
@@ -165,6 +177,12 @@ class Result:
             "share_error_pp": (_round(_median([e for e in self.share_pct if e is not None]) - measured)  # type: ignore[operator]
                                if measured is not None and any(e is not None for e in self.share_pct) else None),
             "replay_error_pct": self.replay_error_pct,
+            # the replay's projection of the fixed window against the fixed run's own window
+            # (both profiled): the model's error without the profiler's different inflation of
+            # the two runs
+            "window_error_pp": _median([100 * (p - f) / w for p, f, w in
+                                        zip(self.projected_window_us, self.fixed_window_us, self.window_us)
+                                        if p and f and w]),
             "top_lever": self.top_lever, "still_reported_after_fix": self.still_reported,
             "advice": self.advice, "applied": self.applied,
             "problem_step_ms": [round(r.per_micro_us / 1000, 2) for r in self.problem],
@@ -278,6 +296,17 @@ def _advice(finding: dict[str, Any]) -> str:
     return str(code).splitlines()[0] if code else ""
 
 
+def window_step_us(path: Path) -> float | None:
+    """The replayed median step of a run's profiled window (as the estimates take it)."""
+    from pardiag.analyzers.estimates import median_step
+    from pardiag.analyzers.replay import load_run, replay
+
+    try:
+        return median_step(replay(load_run(str(path))))
+    except Exception:  # a run the replay cannot read: no window figure
+        return None
+
+
 def recorded(path: Path, scenario: str, fixed: bool) -> Run:
     """A run recorded earlier (--reuse): its step times as `_record` measures them."""
     if not (path / "manifest.json").exists():
@@ -306,6 +335,9 @@ def measure(scenario: str, repeat: int, steps: int, workdir: Path, retries: int 
                 run = record(scenario, fixed, workdir / name, steps, retries, values)
             doc = analyze(Path(run.path))
             res.replay_error_pct.append((doc.get("critical_path") or {}).get("replay_error_pct"))
+            if fixed:
+                w = window_step_us(Path(run.path))
+                res.fixed_window_us.append(w / micro_batches(scenario, True) if w else None)
             found = [f for f in doc.get("findings") or [] if lever and f.get("lever") == lever]
             if fixed:
                 res.fixed.append(run)
@@ -315,6 +347,8 @@ def measure(scenario: str, repeat: int, steps: int, workdir: Path, retries: int 
                 res.estimated_pct.append(found[0].get("est_saving_pct") if found else None)
                 est = (found[0].get("estimate") or {}) if found else {}
                 res.method.append(est.get("method"))
+                res.projected_window_us.append(est.get("projected_window_step_us"))
+                res.window_us.append(est.get("window_step_us"))
                 res.share_pct.append(est.get("share_saving_pct", found[0].get("est_saving_pct")) if found else None)
                 wi = doc.get("what_if") or {}
                 res.what_if_all_pct.append(wi.get("all_saving_pct") if wi.get("findings") else 0.0)
@@ -344,7 +378,7 @@ def _after(still: list[bool | None]) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = ["scenario", "lever", "method", "est. %", "what_if %", "measured %", "error pp", "what_if err pp",
-            "share est %", "share err pp", "replay err %", "noise pp", "spread pp", "problem ms", "fixed ms", "after fix"]
+            "share est %", "share err pp", "replay err %", "window err pp", "noise pp", "spread pp", "problem ms", "fixed ms", "after fix"]
     lines = [head]
     for r in rows:
         methods = sorted({m for m in r.get("method") or [] if m})
@@ -353,7 +387,7 @@ def table(rows: list[dict[str, Any]]) -> str:
                       _cell(r["what_if_all_pct"]),
                       _cell(r["measured_pct"]), _cell(r["error_pp"], "{:+.1f}"), _cell(r["what_if_error_pp"], "{:+.1f}"),
                       _cell(r.get("share_pct")), _cell(r.get("share_error_pp"), "{:+.1f}"),
-                      _cell(max(errs) if errs else None),
+                      _cell(max(errs) if errs else None), _cell(r.get("window_error_pp"), "{:+.1f}"),
                       _cell(r["noise_pp"]), _cell(r["spread_pp"]), "/".join(f"{x:.1f}" for x in r["problem_step_ms"]),
                       "/".join(f"{x:.1f}" for x in r["fixed_step_ms"]), _after(r["still_reported_after_fix"])])
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
