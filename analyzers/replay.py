@@ -59,7 +59,7 @@ WAKE_MAX_US = 5000.0
 """A gap in which the last member of a collective arrived, ending at most this long after
 the collective completed, waited for it (the rest is the thread's wake-up)."""
 MAX_ERROR = 0.08
-"""Replay error above which replay-based estimates are refused (the issue's bound per run)."""
+"""Replay error above which replay-based estimates are refused (the bound per run)."""
 TARGET_MEDIAN_ERROR = 0.03
 
 Key = tuple[str, "int | None", int]

@@ -12,7 +12,7 @@ line), then, for each size, runs in separate child processes
 and reports wall time (whole child: interpreter start, imports, work), in-process
 time, and peak RSS (``os.wait4`` rusage of each child), the HTA/pardiag ratios, and
 whether idle/compute/non-compute/kernel time and the overlap agree.
-Targets (issue): >= 25x faster and <= 1/10 of HTA's peak memory at 1 GB.
+Targets: >= 25x faster and <= 1/10 of HTA's peak memory at 1 GB.
 
     python benchmarks/analyze.py                  # 200 MB, about a minute
     python benchmarks/analyze.py --sizes 200,1000 # HTA needs ~8 min and ~5.5 GB at 1 GB

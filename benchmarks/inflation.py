@@ -35,7 +35,7 @@ from whatif_accuracy import free_port, log  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train_ddp.py"
 NPROC = 2
-TARGET = 1.10  # the goal for the default settings
+TARGET = 1.10  # the goal for the default settings
 ADJACENT = 4  # counted steps on either side of the window for the local baseline
 
 # setting -> the `pardiag run` options it adds

@@ -4,7 +4,7 @@ For each run (a run directory, a folder of traces or one trace), replays the win
 with the measured durations and prints the job's measured and replayed step (the
 slowest rank's mean), the error (the worst rank's: each rank's mean replayed step
 against its measured one), and the critical path of the median step (which rank, which phase, which
-collective). Targets (issue 15): median error <= 3%, each run <= 8%; replay-based
+collective). Targets: median error <= 3%, each run <= 8%; replay-based
 estimates are refused for a run above 8%.
 
     python benchmarks/replay_error.py RUN [RUN...]

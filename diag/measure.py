@@ -79,6 +79,20 @@ def _run_bounded(argv: list[str], env: dict[str, str], timeout_s: float) -> tupl
     return code, text[-2000:]
 
 
+def _run_for_json(argv: list[str], env: dict[str, str], timeout_s: float,
+                  out_path: Path) -> tuple[dict[str, Any] | None, int | None, str]:
+    """`_run_bounded`, then the JSON the process wrote to `out_path`: (the result or None,
+    exit code, output tail or why there is no result)."""
+    code, text = _run_bounded(argv, env, timeout_s)
+    result = None
+    if code == 0:
+        try:
+            result = json.loads(out_path.read_text())
+        except (OSError, ValueError) as e:
+            text = f"no result ({type(e).__name__})"
+    return result, code, text
+
+
 def _last_line(text: str) -> str:
     lines = [l.strip() for l in text.strip().splitlines() if l.strip()]
     return lines[-1][:300] if lines else "no output"
@@ -154,13 +168,7 @@ def measure_gemm(run: rundir.RunDir, rank: int, trace: Path, meta: RankMeta | No
         spec_path.write_text(json.dumps(spec))
         argv = [python, "-S", "-c", PRELUDE + "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')",
                 str(_collector_file("gemm_bench.py")), str(spec_path), str(out_path)]
-        code, text = _run_bounded(argv, _env(environ), GEMM_TIMEOUT_S)
-        result = None
-        if code == 0:
-            try:
-                result = json.loads(out_path.read_text())
-            except (OSError, ValueError) as e:
-                text = f"no result ({type(e).__name__})"
+        result, code, text = _run_for_json(argv, _env(environ), GEMM_TIMEOUT_S, out_path)
     seconds = time.perf_counter() - started
     base = {"rank": rank, "device": device, "gemm_us": found.total_us, "window_us": found.window_us,
             "trace_timing": found.timing,
@@ -247,13 +255,7 @@ def measure_allreduce(run: rundir.RunDir, cmd: Sequence[str], host: str, metas: 
                 "--standalone", "--nproc-per-node", str(world), str(_collector_file("comm_sweep.py")),
                 "--backend", str(backend), "--out", str(out), "--sizes", ",".join(map(str, sizes)),
                 "--budget-s", str(SWEEP_BUDGET_S)]
-        code, text = _run_bounded(argv, _env(environ), SWEEP_TIMEOUT_S)
-        result = None
-        if code == 0:
-            try:
-                result = json.loads(out.read_text())
-            except (OSError, ValueError) as e:
-                text = f"no result ({type(e).__name__})"
+        result, code, text = _run_for_json(argv, _env(environ), SWEEP_TIMEOUT_S, out)
     seconds = time.perf_counter() - started
     base = {"source": "sweep", "backend": backend, "world_size": world, "seconds": seconds}
     if result is None:

@@ -1,5 +1,5 @@
 """The replay's accuracy on real torchrun jobs (gloo, CPU, 2 ranks): replayed with the
-measured durations, the job's step must come out as measured (issue 15: median error
+measured durations, the job's step must come out as measured (target: median error
 <= 3%, each run <= 8%)."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ slow_rank` run 5 times (8 problem/fixed pairs): the measured saving ranged from 
 the fixed step under contention), a range of REPRODUCIBLE_PP points; two pairs of one
 invocation differed by up to 6.2. The estimate, which moves with the problem run it
 comes from, missed the median of two pairs by -1.9 to +1.1 points (one pair: -4.4 to
-+2.8). TOLERANCE_PP, the issue's 5-point target, is above that, so a failure means the
++2.8). TOLERANCE_PP, the 5-point target, is above that, so a failure means the
 estimate or the measurement moved, not the machine.
 """
 
@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO / "examples" / "scenarios"))
 import harness  # noqa: E402
 import whatif_accuracy as wa  # noqa: E402
 
-TOLERANCE_PP = 5.0  # |estimated - measured|: the issue's target; the noise below is under it
+TOLERANCE_PP = 5.0  # |estimated - measured|: the target; the noise below is under it
 REPRODUCIBLE_PP = 7.6  # range of the straggler pair's measured saving over 8 recordings (docstring)
 
 
