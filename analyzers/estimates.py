@@ -33,7 +33,11 @@ scaled; the time a change removes is mostly time the profiler did not inflate (a
 straggler's extra work, an input wait, a collective), and the job's own step is what it
 is removed from. Measured on the planted problems (benchmarks/whatif_accuracy.py), this
 form was within 5 points where the ratio missed by 6-9 (a straggler, fp32 matmuls).
-Without step records U is the replayed baseline (the ratio form).
+Without step records U is the replayed baseline (the ratio form), and so when the
+window's step is more than ``WINDOW_UNLIKE`` times the job's (or less than its inverse):
+the job's speed changed between the window and the rest (one recording of tiny DDP
+buckets ran 50-80 ms steps up to the window and 18-20 ms ones after it), and a time
+removed from the window taken off the job's step came out as 100%.
 """
 
 from __future__ import annotations
@@ -49,6 +53,12 @@ from pardiag.analyzers.levers import (
     CPU_BF16_SPEEDUP, GRADIENT_ACCUMULATION_STEPS, PRECISION_SPEEDUP, SAVING_LOW, rank_key)
 from pardiag.analyzers.steps import job_step_times_us
 from pardiag.step_records import StepRecord
+
+WINDOW_UNLIKE = 1.5
+"""A window whose median step is more than this many times the job's median step (or less
+than its inverse) is not like the rest of the job: savings are then shares of the window's
+step (the time removed would otherwise be taken off a step it was never part of)."""
+
 
 @dataclass(frozen=True)
 class Factor:
@@ -212,9 +222,16 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
     job_step = a.job_summary.step_p50_us or 0.0
     counted_steps = job_step_times_us(inputs.step_records).values_us if inputs.step_records else []
     u = statistics.median(counted_steps) if counted_steps else b
-    basis = (f"the time removed from the replayed window's median step ({b / 1e3:.1f} ms) taken off the job's "
-             f"median step over {len(counted_steps)} steps outside the window ({u / 1e3:.1f} ms)" if counted_steps
-             else "saving relative to the replayed window's median step (no step records)")
+    if counted_steps and not 1 / WINDOW_UNLIKE <= b / u <= WINDOW_UNLIKE:
+        basis = (f"the profiled window's median step ({b / 1e3:.1f} ms) is {b / u:.2g}x the job's median step over "
+                 f"{len(counted_steps)} steps outside it ({u / 1e3:.1f} ms): the window is not like the rest of the "
+                 "job (its speed changed), so the saving is a share of the window's step, as it was there")
+        u = b
+    elif counted_steps:
+        basis = (f"the time removed from the replayed window's median step ({b / 1e3:.1f} ms) taken off the job's "
+                 f"median step over {len(counted_steps)} steps outside the window ({u / 1e3:.1f} ms)")
+    else:
+        basis = "saving relative to the replayed window's median step (no step records)"
     err = round(100 * base.error, 1)
 
     def saving(edits: Sequence[rp.Edit]) -> tuple[float, float]:

@@ -144,3 +144,14 @@ def test_straggler_plan_and_mixed_precision_factor_labels() -> None:
     measured = estimates.plan(mp, a, estimates.Inputs(None, {}, gemm=estimates.GemmSpeedup(5.5, "timed")))
     assert measured is not None and measured.edits == (ScaleGemm(5.5),)
     assert measured.factors[0].measured and measured.factors[0].value == 5.5
+
+
+def test_a_window_unlike_the_job_takes_the_saving_as_a_share_of_the_window(tmp_path: Path) -> None:
+    # the job's steps outside the window are 1200 us, the window's 2830 us (2.4x): the 300 us
+    # removed would be 25% of the job's step; as a share of the window's it is 300 / 2830
+    m = _model(tmp_path, gloo_replay_rank(0, 2210, 2710), gloo_replay_rank(300, 2510, 2710))
+    recs = {0: _records(0, [1200.0] * 3), 1: _records(1, [1200.0] * 3)}
+    (f,) = estimates.apply(_straggler_analysis(), estimates.Inputs(m, recs)).findings
+    assert f.est_saving_pct == pytest.approx(round(100 * 300 / 2830, 1))
+    assert f.estimate is not None and "not like the rest of the job" in f.estimate["edits"][-1]
+    assert f.estimate["job_step_us"] == pytest.approx(2830.0)
