@@ -80,7 +80,8 @@ class GemmSpeedup:
     """A lower precision's measured GEMM speed-up (factors/gemm.json)."""
 
     speedup: float
-    source: str
+    source: str  # what was timed, where
+    half: str = "bf16"  # the lower precision timed
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,8 @@ def run_factors(run: Any) -> tuple[GemmSpeedup | None, CommCurve | None]:
     gemm = comm = None
     g = factors.gemm_factor(run.root)
     if g is not None and g.speedup > 0:
-        gemm = GemmSpeedup(g.speedup, g.source)
+        half = {"bfloat16": "bf16", "float16": "fp16"}.get(g.half_dtype, g.half_dtype)
+        gemm = GemmSpeedup(g.speedup, g.source.removeprefix("measured: "), half)
     c = factors.comm_curve(run.root)
     if c is not None:
         comm = CommCurve(c.alpha_us, c.beta_us_per_byte, c.source)
@@ -156,7 +158,7 @@ def plan(f: Finding, a: Analysis, inputs: Inputs) -> Plan | None:
     if lever == "mixed_precision":
         on_gpu = any(r.device_type == "cuda" for r in a.ranks)
         if inputs.gemm is not None:
-            fac = Factor("GEMM speed-up in the lower precision", inputs.gemm.speedup, "x", inputs.gemm.source, True)
+            fac = Factor(f"{inputs.gemm.half} GEMM speed-up", inputs.gemm.speedup, "x", inputs.gemm.source, True)
             return Plan((rp.ScaleGemm(inputs.gemm.speedup),),
                         (f"matrix multiplies {inputs.gemm.speedup:.2g}x faster",), (fac,))
         if on_gpu:
