@@ -297,12 +297,11 @@ def _advice(finding: dict[str, Any]) -> str:
 
 
 def window_step_us(path: Path) -> float | None:
-    """The replayed median step of a run's profiled window (as the estimates take it)."""
-    from pardiag.analyzers.estimates import median_step
+    """The replayed mean step of a run's profiled window (as the estimates take it)."""
     from pardiag.analyzers.replay import load_run, replay
 
     try:
-        return median_step(replay(load_run(str(path))))
+        return replay(load_run(str(path))).replayed_step_us
     except Exception:  # a run the replay cannot read: no window figure
         return None
 
