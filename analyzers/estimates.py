@@ -50,6 +50,7 @@ from typing import Any, Mapping, Sequence
 
 from pardiag.analysis import Analysis, Finding
 from pardiag.analysis_blocks import WhatIf, WhatIfRow
+from pardiag.analyzers import factors
 from pardiag.analyzers import replay as rp
 from pardiag.analyzers.levers import (
     CPU_BF16_SPEEDUP, GRADIENT_ACCUMULATION_STEPS, PRECISION_SPEEDUP, SAVING_LOW, rank_key)
@@ -87,23 +88,13 @@ class GemmSpeedup:
 
 
 @dataclass(frozen=True)
-class CommCurve:
-    """An all-reduce's time as alpha + bytes * beta."""
-
-    alpha_us: float
-    beta_us_per_byte: float
-    source: str
-    measured: bool = True
-
-
-@dataclass(frozen=True)
 class Inputs:
     """What the estimates read besides the Analysis."""
 
     model: rp.Model | None
     step_records: Mapping[int, Sequence[StepRecord]]
     gemm: GemmSpeedup | None = None
-    comm: CommCurve | None = None
+    comm: factors.CommCurve | None = None  # the all-reduce curve measured for the run
     why: str | None = None  # why there is no model
 
 
@@ -117,22 +108,17 @@ class Plan:
 
 
 # ------------------------------------------------------------------------------ factors
-def run_factors(run: Any) -> tuple[GemmSpeedup | None, CommCurve | None]:
+def run_factors(run: Any) -> tuple[GemmSpeedup | None, factors.CommCurve | None]:
     """The factors `pardiag run` measured after the job (factors/ in the run directory:
     analyzers/factors.py), None for what was not measured."""
     if run is None:
         return None, None
-    from pardiag.analyzers import factors
-
-    gemm = comm = None
+    gemm = None
     g = factors.gemm_factor(run.root)
     if g is not None and g.speedup > 0:
         half = {"bfloat16": "bf16", "float16": "fp16"}.get(g.half_dtype, g.half_dtype)
         gemm = GemmSpeedup(g.speedup, g.source.removeprefix("measured: "), half)
-    c = factors.comm_curve(run.root)
-    if c is not None:
-        comm = CommCurve(c.alpha_us, c.beta_us_per_byte, c.source)
-    return gemm, comm
+    return gemm, factors.comm_curve(run.root)
 
 
 # ------------------------------------------------------------------------------ plans
@@ -174,8 +160,8 @@ def plan(f: Finding, a: Analysis, inputs: Inputs) -> Plan | None:
         if cap is None or cap <= now:
             return None  # a smaller cap splits a bucket: when its parts are ready is not in the trace
         c = inputs.comm
-        fac = Factor("all-reduce latency", c.alpha_us, "us", c.source, c.measured)
-        fac2 = Factor("all-reduce time per MB", c.beta_us_per_byte * 2**20, "us/MB", c.source, c.measured)
+        fac = Factor("all-reduce latency", c.alpha_us, "us", c.source, True)
+        fac2 = Factor("all-reduce time per MB", c.beta_us_per_byte * 2**20, "us/MB", c.source, True)
         return Plan((rp.RegroupBuckets(int(cap * 2**20), c.alpha_us, c.beta_us_per_byte),),
                     (f"each step's all-reduces packed under bucket_cap_mb={cap:.3g}, each pack "
                      f"{c.alpha_us:.0f} us + {c.beta_us_per_byte * 2**20:.0f} us/MB",), (fac, fac2))

@@ -155,3 +155,25 @@ def test_a_window_unlike_the_job_takes_the_saving_as_a_share_of_the_window(tmp_p
     assert f.est_saving_pct == pytest.approx(round(100 * 300 / 2830, 1))
     assert f.estimate is not None and "not like the rest of the job" in f.estimate["edits"][-1]
     assert f.estimate["job_step_us"] == pytest.approx(2830.0)
+
+
+def _bucket_finding(cap_mb: float) -> Finding:
+    return Finding(lever="ddp_bucket_size", severity="high", title="t", evidence=[], ranks=[0, 1], est_saving_pct=10.0,
+                   action={"settings": [{"call": "torch.nn.parallel.DistributedDataParallel",
+                                         "kwargs": {"bucket_cap_mb": cap_mb}}]})
+
+
+def test_bucket_plan_merges_under_a_larger_cap_only() -> None:
+    from pardiag.analyzers.factors import CommCurve
+
+    a = analysis([rank(0, device="cpu"), rank(1, device="cpu")], framework={"ddp": [{"bucket_cap_mb": 0.05}]})
+    curve = CommCurve(250.0, 0.0005, (), "sweep", "sweep after the job", 0.99, 0.05)
+    inputs = estimates.Inputs(None, {}, comm=curve)
+    p = estimates.plan(_bucket_finding(1.0), a, inputs)
+    assert p is not None and p.edits == (RegroupBuckets(2**20, 250.0, 0.0005),)
+    assert [(f.name, f.value, f.measured) for f in p.factors] == [
+        ("all-reduce latency", 250.0, True), ("all-reduce time per MB", 0.0005 * 2**20, True)]
+    # a smaller cap splits the bucket: when its parts are ready is not in the trace
+    assert estimates.plan(_bucket_finding(0.01), a, inputs) is None
+    # without a measured curve there is nothing to time the merged calls with
+    assert estimates.plan(_bucket_finding(1.0), a, estimates.Inputs(None, {})) is None
