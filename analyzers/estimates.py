@@ -22,13 +22,14 @@ Levers and their edits:
   advised cap, each pack timed by the job's latency/bandwidth curve (a fit of its own
   calls, or the sweep after the job); without a curve, no replay form.
 
-The saving: the replay of the edited window ends earlier than the replay of the
-measured one; that time removed per step (S(baseline) - S(edited), S the job's mean
-step over the window: the slowest rank's, ``ReplayResult.replayed_step_us``) is taken
-off the job's median step over ALL counted steps outside the window (steps.jsonl), U:
-``saving = (S(baseline) - S(edited)) / U``. The mean, not the median step: shortening
-operations never lengthens a rank's window, but one step can absorb the wait another
-sheds (a median of three steps made a shorter collective look 4% slower). Not ``1 - S(edited) / S(baseline)``: the
+The saving: per step of the window, the time the edits remove from the job's step
+(the slowest rank's; the replayed baseline's less the edited one's), its median over
+the window's steps taken off the job's median step over ALL counted steps outside the
+window (steps.jsonl), U: ``saving = median(S_j(baseline) - S_j(edited)) / U``. Per
+step, not the difference of two medians (one step can absorb the wait another sheds:
+a median of three steps made a shorter collective look 4% slower) nor of two means (one
+step whose collective took twice as long made a toy job's accumulation save 76%, the
+share-based figure being 34%). Not ``1 - S(edited) / S(baseline)``: the
 profiler lengthens torch operators (on a CPU, backward by up to 2x) but not a sleep, a
 time-bounded loop or a transfer, so the profiled window's steps are not the job's steps
 scaled; the time a change removes is mostly time the profiler did not inflate (a
@@ -58,7 +59,7 @@ from pardiag.analyzers.steps import job_step_times_us
 from pardiag.step_records import StepRecord
 
 WINDOW_UNLIKE = 1.5
-"""A window whose mean step is more than this many times the job's median step (or less
+"""A window whose median step is more than this many times the job's median step (or less
 than its inverse) is not like the rest of the job: savings are then shares of the window's
 step (the time removed would otherwise be taken off a step it was never part of)."""
 
@@ -108,6 +109,12 @@ class Plan:
 
 
 # ------------------------------------------------------------------------------ factors
+def job_steps(result: rp.ReplayResult) -> dict[int, float]:
+    """The job's step per window step: the slowest rank's."""
+    steps = sorted({s for st in result.replayed_steps.values() for s in st})
+    return {s: max(st.get(s, 0.0) for st in result.replayed_steps.values()) for s in steps}
+
+
 def run_factors(run: Any) -> tuple[GemmSpeedup | None, factors.CommCurve | None]:
     """The factors `pardiag run` measured after the job (factors/ in the run directory:
     analyzers/factors.py), None for what was not measured."""
@@ -200,26 +207,28 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
     refused = off or unanchored(model)  # the measured window's path holds even then
     if refused is not None:
         return replace(share_based(a, refused), critical_path=crit)
-    b = base.replayed_step_us
+    base_steps = job_steps(base)
+    b = statistics.median(base_steps.values()) if base_steps else 0.0
     job_step = a.job_summary.step_p50_us or 0.0
     counted_steps = job_step_times_us(inputs.step_records).values_us if inputs.step_records else []
     u = statistics.median(counted_steps) if counted_steps else b
     if counted_steps and not 1 / WINDOW_UNLIKE <= b / u <= WINDOW_UNLIKE:
-        basis = (f"the profiled window's mean step ({b / 1e3:.1f} ms) is {b / u:.2g}x the job's median step over "
+        basis = (f"the profiled window's median step ({b / 1e3:.1f} ms) is {b / u:.2g}x the job's median step over "
                  f"{len(counted_steps)} steps outside it ({u / 1e3:.1f} ms): the window is not like the rest of the "
                  "job (its speed changed), so the saving is a share of the window's step, as it was there")
         u = b
     elif counted_steps:
-        basis = (f"the time removed from the replayed window's mean step ({b / 1e3:.1f} ms) taken off the job's "
+        basis = (f"the time removed per step from the replayed window (median step {b / 1e3:.1f} ms) taken off the job's "
                  f"median step over {len(counted_steps)} steps outside the window ({u / 1e3:.1f} ms)")
     else:
-        basis = "saving relative to the replayed window's mean step (no step records)"
+        basis = "saving relative to the replayed window's median step (no step records)"
     err = round(100 * base.error, 1)
 
     def saving(edits: Sequence[rp.Edit]) -> tuple[float, float]:
-        """(saving, the edited window's mean step)."""
-        e = rp.replay(model, edits).replayed_step_us
-        return (min(max(0.0, (b - e) / u), 1.0) if u > 0 else 0.0), e
+        """(saving, the edited window's step: the median one less the time removed)."""
+        edited = job_steps(rp.replay(model, edits))
+        removed = statistics.median(base_steps[k] - edited.get(k, base_steps[k]) for k in base_steps)
+        return (min(max(0.0, removed / u), 1.0) if u > 0 else 0.0), b - removed
 
     findings: list[Finding] = []
     all_edits: list[rp.Edit] = []

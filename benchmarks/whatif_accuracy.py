@@ -297,11 +297,14 @@ def _advice(finding: dict[str, Any]) -> str:
 
 
 def window_step_us(path: Path) -> float | None:
-    """The replayed mean step of a run's profiled window (as the estimates take it)."""
+    """The replayed median step of a run's profiled window (as the estimates take it)."""
+    import statistics
+
+    from pardiag.analyzers.estimates import job_steps
     from pardiag.analyzers.replay import load_run, replay
 
     try:
-        return replay(load_run(str(path))).replayed_step_us
+        return statistics.median(job_steps(replay(load_run(str(path)))).values())
     except Exception:  # a run the replay cannot read: no window figure
         return None
 
