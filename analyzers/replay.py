@@ -181,8 +181,11 @@ class ScalePhase:
 @dataclass(frozen=True)
 class Accumulate:
     """``k`` micro-batches per optimizer step (gradient accumulation), per micro-batch:
-    the gradient collectives and the optimizer run once every ``k`` micro-batches, so
-    each lasts 1/k of its time."""
+    each step of the window replayed as it is (the micro-batch that syncs) and again
+    without its gradient collectives (those issued from backward: DDP's all-reduces,
+    FSDP's reduce-scatters) and without the optimizer (the ``k - 1`` that do not), each
+    step's time the mean of one of the first and ``k - 1`` of the second. What waited for
+    a dropped collective waits no longer, and the ranks are no longer synchronised by it."""
 
     k: int
 
@@ -756,15 +759,21 @@ class _Applied:
     delay: list[float]
     no_sync: bool = False
     gone: dict[int, int] = field(default_factory=dict)
+    accumulate: int = 1  # micro-batches per optimizer step (``Accumulate``)
+    dropped: set[int] = field(default_factory=set)  # collectives that do not run (and sync no one)
 
 
-def _apply(model: Model, edits: Sequence[Edit]) -> _Applied:
-    """The timing with ``edits`` applied, in order."""
+def _apply(model: Model, edits: Sequence[Edit], skip_sync: bool = False) -> _Applied:
+    """The timing with ``edits`` applied, in order; ``skip_sync``: of a micro-batch that
+    accumulates without syncing (``Accumulate``: its gradient collectives and optimizer
+    dropped)."""
     nodes = model.nodes
     dur = [n.dur for n in nodes]
     delay = [n.delay for n in nodes]
     gone: dict[int, int] = {}
     no_sync = False
+    accumulate = 1
+    dropped: set[int] = set()
 
     def ranks_of(rs: tuple[int, ...] | None) -> set[int]:
         return set(model.origin) if rs is None else set(rs)
@@ -815,10 +824,14 @@ def _apply(model: Model, edits: Sequence[Edit]) -> _Applied:
                         n.kind != KERNEL or gemm_dtype(n.name) in ed.dtypes):
                     dur[i] = max(dur[i] - n.gemm * (1 - 1 / ed.speedup), 0.0)
         elif isinstance(ed, Accumulate):
-            k = max(int(ed.k), 1)
-            for i, n in enumerate(nodes):
-                if n.kind == COLL or (n.kind == WORK and n.phase == "optimizer"):
-                    dur[i] /= k
+            accumulate = max(int(ed.k), 1)
+            if skip_sync and accumulate > 1:
+                for i, n in enumerate(nodes):
+                    if n.kind == WORK and n.phase == "optimizer":
+                        dur[i] = 0.0
+                    elif n.kind == COLL and any(nodes[d].phase == "backward" for d in n.deps):
+                        dur[i] = delay[i] = 0.0
+                        dropped.add(i)
         elif isinstance(ed, RegroupBuckets):
             _regroup(model, ed, dur, delay, gone)
         elif isinstance(ed, ScalePhase):
@@ -838,7 +851,7 @@ def _apply(model: Model, edits: Sequence[Edit]) -> _Applied:
                 ph = (n.kind, n.phase)
                 if mine.get(ph, 0.0) > 0:
                     dur[i] *= statistics.median(t.get(ph, 0.0) for t in theirs) / mine[ph]
-    return _Applied(dur, delay, no_sync, gone)
+    return _Applied(dur, delay, no_sync, gone, accumulate, dropped)
 
 
 def _regroup(model: Model, ed: RegroupBuckets, dur: list[float], delay: list[float], gone: dict[int, int]) -> None:
@@ -913,22 +926,34 @@ class Timeline:
     why: list[int]
 
 
-def replay(model: Model, edits: Sequence[Edit] = ()) -> ReplayResult:
-    """Re-time the model (with ``edits`` applied) and measure its steps."""
-    tl = timeline(model, edits)
-    start, end = tl.start, tl.end
+def _step_lengths(model: Model, tl: Timeline) -> dict[int, dict[int, float]]:
     replayed: dict[int, dict[int, float]] = {}
     for r, firsts in model.steps.items():
-        bounds = [start[i] for _, i in firsts] + [end[model.window_end[r]]]
+        bounds = [tl.start[i] for _, i in firsts] + [tl.end[model.window_end[r]]]
         replayed[r] = {st: bounds[j + 1] - bounds[j] for j, (st, _) in enumerate(firsts)}
-    paths = _critical_paths(model, start, end, tl.why, replayed)
+    return replayed
+
+
+def replay(model: Model, edits: Sequence[Edit] = ()) -> ReplayResult:
+    """Re-time the model (with ``edits`` applied) and measure its steps. With
+    ``Accumulate(k)``: each step is the mean of one micro-batch that syncs and ``k - 1``
+    that do not (the critical path: the one that syncs)."""
+    tl = timeline(model, edits)
+    replayed = _step_lengths(model, tl)
+    k = max((int(e.k) for e in edits if isinstance(e, Accumulate)), default=1)
+    if k > 1:
+        quiet = _step_lengths(model, timeline(model, edits, skip_sync=True))
+        replayed = {r: {st: (v + (k - 1) * quiet.get(r, {}).get(st, v)) / k for st, v in steps.items()}
+                    for r, steps in replayed.items()}
+    paths = _critical_paths(model, tl.start, tl.end, tl.why, replayed)
     return ReplayResult(replayed, {r: dict(v) for r, v in model.measured_steps.items()}, paths)
 
 
-def timeline(model: Model, edits: Sequence[Edit] = ()) -> Timeline:
-    """The replayed times of every node (with ``edits`` applied)."""
+def timeline(model: Model, edits: Sequence[Edit] = (), skip_sync: bool = False) -> Timeline:
+    """The replayed times of every node (with ``edits`` applied; ``skip_sync``: as a
+    micro-batch that accumulates without syncing)."""
     nodes = model.nodes
-    ap = _apply(model, edits)
+    ap = _apply(model, edits, skip_sync)
     dur, delay, gone = ap.dur, ap.delay, ap.gone
     n = len(nodes)
     start = [math.nan] * n
@@ -938,7 +963,8 @@ def timeline(model: Model, edits: Sequence[Edit] = ()) -> Timeline:
     # a collective merged into another no longer synchronises the ranks; what waited
     # for it waits for the one that does its work
     member_of = ({} if ap.no_sync else
-                 {i: k for k, ids in model.groups.items() if not any(m in gone for m in ids) for i in ids})
+                 {i: k for k, ids in model.groups.items()
+                  if not any(m in gone or m in ap.dropped for m in ids) for i in ids})
     deps = [[gone.get(d, d) for d in nd.deps] if gone else nd.deps for nd in nodes]
     ptr = {s: 0 for s in model.streams}
     pending = sum(len(v) for v in model.streams.values())

@@ -43,13 +43,18 @@ def test_gemm_time_inside_host_work_scaled(tmp_path: Path) -> None:
     assert replay(m, [ScaleGemm(3.0, ranks=(0,))]).replayed_steps[0][1] == pytest.approx(2830.0)
 
 
-def test_accumulation_pays_the_collective_and_the_optimizer_once_per_k(tmp_path: Path) -> None:
-    # transfer 200 -> 50 and optimizer 100 -> 25 per micro-batch (k = 4): rank 1 arrives
-    # at 2510, done 2560, awake 2580, optimizer to 2605
+def test_accumulation_replays_a_synced_micro_batch_and_k_minus_1_without_sync(tmp_path: Path) -> None:
+    # the micro-batch that syncs is the measured step: 2830 on both ranks. The k - 1 that do
+    # not: the all-reduce (issued from backward) and the optimizer dropped, each loop wakes
+    # 20 us after its own c10d call: rank 0 at 2210 + 20 = 2230, rank 1 (300 us of sleep)
+    # at 2530, no longer held by the other. Per micro-batch (k = 4): rank 0
+    # (2830 + 3 * 2230) / 4 = 2380, rank 1 (2830 + 3 * 2530) / 4 = 2605
     m = _model(tmp_path, gloo_replay_rank(0, 2210, 2710), gloo_replay_rank(300, 2510, 2710))
     r = replay(m, [Accumulate(4)])
-    assert r.replayed_steps[0][1] == pytest.approx(2605.0)
+    assert r.replayed_steps[0][1] == pytest.approx(2380.0)
     assert r.replayed_steps[1][1] == pytest.approx(2605.0)
+    # k = 1 is the measured step
+    assert replay(m, [Accumulate(1)]).replayed_steps[0][1] == pytest.approx(2830.0)
 
 
 def _buckets(sleep: float = 0.0) -> list[dict[str, Any]]:
