@@ -40,7 +40,8 @@ def build_summary(ranks: Sequence[RankResult], step_records: StepRecords | None 
         step_percentiles_us=step_percentiles(ranks, step_records),
         profiled_step_inflation=replace(inflation(ranks, step if source == "all steps" else None),
                                         by_phase_us=phase_inflation_us(step_records or {}),
-                                        adjacent=adjacent_inflation(step_records or {})),
+                                        adjacent=adjacent_inflation(step_records or {}),
+                                        page_faults=fault_rates(step_records or {})),
         computed_from="steps" if step_records is not None else "ranks",
     )
 
@@ -155,6 +156,35 @@ def phase_inflation_us(step_records: StepRecords) -> dict[str, float]:
     return {k: m for k, v in per.items() if (m := median(v)) is not None}
 
 
+def fault_rates(step_records: StepRecords) -> dict[str, float]:
+    """The process's minor page faults per step: "profiled" (inside the active window) and
+    "plain" (the counted steps), each the median over ranks of the rank's median; {}
+    where they were not counted (not on Unix, or records older than the counter)."""
+    per: dict[str, list[float]] = {"profiled": [], "plain": []}
+    for records in step_records.values():
+        active = [v for r in records if r.profiler == "active" and r.step >= WARMUP_STEPS
+                  and (v := r.get("page_faults")) is not None]
+        plain = [v for r in records if counted(r) and (v := r.get("page_faults")) is not None]
+        if active and plain:
+            per["profiled"].append(median(active) or 0.0)
+            per["plain"].append(median(plain) or 0.0)
+    return {k: m for k, v in per.items() if (m := median(v)) is not None}
+
+
+FAULTS_SAID = 1.5  # profiled steps page-faulting this many times as often (and 1000 more): said
+
+
+def fault_words(inf: Inflation) -> str:
+    """'; page faults ...' when profiled steps faulted FAULTS_SAID x as often as the others."""
+    f = inf.page_faults
+    a, b = f.get("profiled"), f.get("plain")
+    if a is None or b is None or a < FAULTS_SAID * b or a - b < 1000:
+        return ""
+    return (f"; the process page-faulted {a:,.0f} times per profiled step against {b:,.0f} per unprofiled one "
+            "(steps.jsonl): profiling changed how the job's memory was reused, and the time of the operators "
+            "that touch fresh memory grew with it")
+
+
 ADJACENT_STEPS = 4  # counted steps on either side of the profiler window: its local baseline
 
 
@@ -201,7 +231,7 @@ def inflation_words(inf: Inflation) -> str | None:
         near = (f"; against the steps just before and after the window {inf.adjacent:.2f}x"
                 + (" (the machine's speed changed during the job: most of the difference is not the profiler's)"
                    if inf.adjacent < INFLATION_SAID else ""))
-    return (f"profiled steps took {inf.job:.2f}x the median step{what}{near}. The profiler adds host time to every "
+    return (f"profiled steps took {inf.job:.2f}x the median step{what}{near}{fault_words(inf)}. The profiler adds host time to every "
             "operator it records (more with --with-stack or --profile-memory; other processes busy during the "
             "window show the same way), so the window's shares of host-side "
             "work (compute on a CPU, the phases, idle and input time beside them) are those of the slowed steps; "

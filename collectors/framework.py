@@ -64,7 +64,8 @@ class StepCounters:
     """Host-side timings accumulated between two step boundaries. The collector writes
     the ones named in `pardiag.step_records.SIGNALS` to steps.jsonl."""
 
-    __slots__ = ("data_ns", "data_calls", "bwd_ns", "backwards", "fwd_ns", "forwards", "no_sync_forwards", "opt_ns")
+    __slots__ = ("data_ns", "data_calls", "bwd_ns", "backwards", "fwd_ns", "forwards", "no_sync_forwards", "opt_ns",
+                 "faults", "bwd_faults", "faults_seen")
 
     def __init__(self) -> None:
         self.reset()
@@ -78,6 +79,27 @@ class StepCounters:
         self.forwards = 0
         self.no_sync_forwards = 0
         self.opt_ns = 0  # the lead optimizer's step(), set by the runtime's hooks
+        self.faults = 0  # the process's minor page faults in the step, set at the boundary
+        self.bwd_faults = 0  # ... inside torch.autograd.backward
+        self.faults_seen = 0  # 1 when the faults were counted (getrusage exists)
+
+
+def minor_faults() -> int | None:
+    """The process's minor page faults so far (all its threads); None where getrusage
+    does not exist."""
+    if _getrusage is None:
+        return None
+    try:
+        return _getrusage(_RUSAGE_SELF).ru_minflt
+    except OSError:
+        return None
+
+
+try:
+    from resource import RUSAGE_SELF as _RUSAGE_SELF, getrusage as _getrusage
+except ImportError:  # not on Unix
+    _getrusage = None
+    _RUSAGE_SELF = 0
 
 
 # While torch.compile traces, every wrapper calls straight through, so the traced code
@@ -257,6 +279,7 @@ class Framework:
         def backward(*args, **kwargs):  # type: ignore[no-untyped-def]
             if _compiling() or depth["backward"] or "backward" in fw._failed:
                 return original(*args, **kwargs)
+            f0 = minor_faults()
             t0 = time.perf_counter_ns()
             depth["backward"] += 1
             try:
@@ -265,6 +288,9 @@ class Framework:
                 depth["backward"] -= 1
                 counters.bwd_ns += time.perf_counter_ns() - t0
                 counters.backwards += 1
+                f1 = minor_faults()
+                if f0 is not None and f1 is not None:
+                    counters.bwd_faults += f1 - f0
                 if fw.first_activity_ns is None:
                     fw.first_activity_ns = t0
 

@@ -30,7 +30,7 @@ from pardiag.redact import safe_redact
 from pardiag.redact import redact_argv
 from pardiag.collectors.bootstrap import ENV_RUN_DIR, _PostImportFinder
 from pardiag.collectors.config import CollectorConfig
-from pardiag.collectors.framework import Framework
+from pardiag.collectors.framework import Framework, minor_faults
 from pardiag.collectors.profiler import ProfilerWindow, cuda_in_use
 
 RANK_VARS = (
@@ -109,6 +109,7 @@ class Collector:
         self.opt_t0: int | None = None
         self.signal_fields = step_records.counter_fields()
         self.prev_end_ns: int | None = None
+        self.prev_faults: int | None = None  # the process's minor page faults at the last boundary
         self.boundary_ns = 0
         self.started_wall_ns = time.time_ns()
         self.exit_info: dict[str, Any] = {"status": "running"}
@@ -217,6 +218,10 @@ class Collector:
                 self._start()
             fw = self.framework
             c = fw.counters
+            faults = minor_faults()
+            if faults is not None and self.prev_faults is not None:
+                c.faults, c.faults_seen = faults - self.prev_faults, 1
+            self.prev_faults = faults
             begin = self.prev_end_ns if self.prev_end_ns is not None else fw.first_activity_ns
             rec: dict[str, Any] = {
                 "v": step_records.VERSION,

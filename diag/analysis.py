@@ -202,7 +202,8 @@ SUMMARY_DEFINITIONS = {
                                "steps.jsonl (untimed: the step less its phases), the median over ranks of its "
                                "median inside the profiler's active window less its median over the counted steps; "
                                "adjacent: the same ratio as job against the counted steps at most 4 before the "
-                               "window opens or after it closes (median over ranks)",
+                               "window opens or after it closes (median over ranks); page_faults: the process's "
+                               "minor page faults per step, profiled and plain, medians as by_phase_us",
 }
 
 
@@ -230,6 +231,9 @@ class Inflation:
     # the profiled step over the counted steps just before and after the window (median
     # over ranks): the profiler's own cost, without the drift of a machine whose load changed
     adjacent: float | None = None
+    # the process's minor page faults per step (steps.jsonl, Unix): "profiled" and "plain" (the
+    # median over ranks of the medians inside the active window and over the counted steps)
+    page_faults: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

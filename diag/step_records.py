@@ -18,6 +18,7 @@ A version-2 line::
     {"v": 2, "step": 7, "t_end_ns": ..., "dur_us": 812.5, "pardiag_us": 3.1,
      "source": "optimizer", "data_us": ..., "bwd_us": ..., "backwards": 1,
      "opt_us": ..., "fwd_us": ..., "forwards": 1,       # only when observed
+     "faults": 2051, "bwd_faults": 2040,                # minor page faults (Unix)
      "profiler": "active"}                              # only inside the window
 
 A signal that was not observed in a step (no DDP forward seen) is absent from the
@@ -70,6 +71,10 @@ SIGNALS: tuple[Signal, ...] = (
     Signal("backwards", "backwards", "backwards", "backward calls in the step (framework.py)", "count", False),
     Signal("forwards", "forwards", "forwards", "DDP forward calls in the step (framework.py)", "count", False,
            observed_by="forwards"),
+    Signal("page_faults", "faults", "faults", "the process's minor page faults in the step, all threads "
+           "(getrusage at the boundary, runtime.py)", "count", False, observed_by="faults_seen"),
+    Signal("backward_page_faults", "bwd_faults", "bwd_faults", "the process's minor page faults inside "
+           "torch.autograd.backward (framework.py)", "count", False, observed_by="faults_seen"),
 )
 
 

@@ -199,6 +199,11 @@ def test_steps_jsonl_has_every_optimizer_step(runs: Runs) -> None:
         assert [s["step"] for s in steps] == list(range(taken))
         # backward passes per optimizer step: the micro-batches of gradient accumulation
         assert [s["backwards"] for s in steps] == [job.accum] * taken
+        # the process's page faults per step, from the second boundary on (the first has no
+        # count to start from): the step's own include those inside its backward passes
+        assert "faults" not in steps[0]
+        assert all(s["faults"] >= s["bwd_faults"] >= 0 for s in steps[1:]), [
+            (s.get("faults"), s.get("bwd_faults")) for s in steps]
 
 
 def test_profiler_window_on_every_rank(runs: Runs) -> None:
