@@ -57,7 +57,8 @@ WAIT_TOL_US = 250.0
 thread's wake-up after a collective or a device sync takes tens of microseconds)."""
 WAKE_MAX_US = 5000.0
 """A gap in which the last member of a collective arrived, ending at most this long after
-the collective completed, waited for it (the rest is the thread's wake-up)."""
+the collective completed (or after its worker closed it on the gap's rank), waited for it
+(the rest is the thread's wake-up)."""
 MAX_ERROR = 0.08
 """Replay error above which replay-based estimates are refused (the bound per run)."""
 TARGET_MEDIAN_ERROR = 0.03
@@ -616,10 +617,11 @@ class _RankBuilder:
                         best = (g_end, c)
                         continue
                     done = last + post[c]  # the quickest member's end after the last arrival
-                    # the last member arrived during the gap, which ended within a wake-up of
-                    # the collective's completion: the thread was blocked on it (a busy CPU
-                    # can take milliseconds to run the woken thread)
-                    if (node.measured_start < last and done <= g_end <= done + WAKE_MAX_US
+                    # the collective completed during the gap, which ended within a wake-up of
+                    # that completion, or of its worker closing it on this rank:
+                    # the thread was blocked on it (a busy CPU can take milliseconds to run
+                    # the woken thread, and gloo's worker to close its annotation)
+                    if (node.measured_start < done and done <= g_end <= max(done, cn.measured_end) + WAKE_MAX_US
                           and cn.measured_start < g_end and (best is None or done > best[0])):
                         best = (done, c)
                 if best is None:
