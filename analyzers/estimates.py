@@ -133,7 +133,9 @@ def plan(f: Finding, a: Analysis, inputs: Inputs) -> Plan | None:
     """The edits that stand for finding ``f``'s change; None when the lever has no replay
     form (or lacks what it needs)."""
     lever = f.lever
-    if lever == "straggler" and f.ranks:
+    if lever in ("straggler", "host_contention", "garbage_collection", "input_imbalance") and f.ranks \
+            and set(f.ranks) <= {s.rank for s in a.stragglers}:
+        # a straggler of the whole run (not one that started after the window: the window cannot show it)
         return Plan(tuple(rp.Straggler(r) for r in f.ranks),
                     tuple(f"rank {r}'s operations at its peers' median" for r in f.ranks), ())
     if lever == "dataloader" and f.est_saving_pct is not None:

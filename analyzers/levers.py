@@ -62,9 +62,10 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
-from pardiag.analysis import Finding, Severity
+from pardiag.analysis import Finding, Lever, Severity
 from pardiag.analysis_blocks import WhatIf, WhatIfRow
 from pardiag.run_info import FrameworkInfo
+from pardiag.analyzers import host_causes
 from pardiag.analyzers.shares import ShareBound, host_bound, window_bound
 from pardiag.analyzers.steps import median
 from pardiag.analyzers.summary import transfer_fraction
@@ -400,10 +401,46 @@ def _with_batch(action: dict[str, Any], batch: dict[str, Any]) -> dict[str, Any]
 # -- rules ------------------------------------------------------------------------------
 
 
+STRAGGLER_CODE = {
+    host_causes.CONTENTION: "# what shares rank {r}'s CPUs: top -H; then e.g. OMP_NUM_THREADS=<cores per rank> "
+                            "taskset -c <its cores> ...",
+    host_causes.GC: "import gc\ngc.freeze()   # after building the model and loaders\ngc.disable()\n"
+                    "# in the loop: if step % 100 == 0: gc.collect()   # every rank at the same step",
+    host_causes.INPUT: "# balance tokens per rank: sort or bucket samples by length, or pack sequences",
+}
+
+
+HOST_LEVERS: dict[str, Lever] = {host_causes.CONTENTION: "host_contention", host_causes.GC: "garbage_collection",
+                                 host_causes.INPUT: "input_imbalance"}
+
+
 def straggler(ctx: RuleContext) -> list[Finding]:
+    """The rank the others wait for (analyzers/stragglers.py), when its host signals do
+    not say why (those are the host levers' findings)."""
+    return _straggler(ctx, "straggler")
+
+
+def host_contention(ctx: RuleContext) -> list[Finding]:
+    """A straggler whose training thread waits for a CPU (analyzers/host_causes.py)."""
+    return _straggler(ctx, "host_contention")
+
+
+def garbage_collection(ctx: RuleContext) -> list[Finding]:
+    """A straggler that pauses for Python's garbage collector."""
+    return _straggler(ctx, "garbage_collection")
+
+
+def input_imbalance(ctx: RuleContext) -> list[Finding]:
+    """A straggler whose batches are bigger than the other ranks'."""
+    return _straggler(ctx, "input_imbalance")
+
+
+def _straggler(ctx: RuleContext, lever: Lever) -> list[Finding]:
     if not ctx.analysis.stragglers or ctx.step_us <= 0:
         return []
     s = max(ctx.analysis.stragglers, key=lambda s: s.excess_us_per_step)
+    if HOST_LEVERS.get(host_causes.cause_kind(s.cause) or "", "straggler") != lever:
+        return []
     # fixed, the others stop waiting for it: the step shrinks by their extra wait, but
     # never by more than the straggler's extra work (the time the fix removes) nor by
     # more than the step itself
@@ -423,7 +460,19 @@ def straggler(ctx: RuleContext) -> list[Finding]:
         "operators after backward": "rank {r} runs more operators after backward (metrics, logging, gradient "
         "clipping only on that rank) or runs them slower.",
     }.get(s.cause, "rank {r} is slower; compare its phases with the others'.")
-    if s.cause.startswith("work outside"):
+    kind = host_causes.cause_kind(s.cause)
+    if kind == host_causes.CONTENTION:
+        what = ("rank {r}'s training thread waits for a CPU: another process or too many threads share its cores. "
+                "Find them (top -H, ps -eLf), give each rank its own cores (numactl or taskset), and set "
+                "OMP_NUM_THREADS so that ranks x threads fit the cores.")
+    elif kind == host_causes.GC:
+        what = ("rank {r} pauses longer for Python's garbage collector: make collections happen on every rank at "
+                "the same step (gc.disable() after setup, gc.collect() every N steps), or gc.freeze() after "
+                "building the model and loaders so that long-lived objects are not scanned again.")
+    elif kind == host_causes.INPUT:
+        what = ("rank {r} gets bigger batches than the others (more elements: longer sequences, more padding): "
+                "balance the work per rank (bucket or sort by length, pack sequences, a token-based sampler).")
+    elif s.cause.startswith("work outside"):
         what = ("rank {r} spends longer outside DataLoader, forward, backward and optimizer: work only on that "
                 "rank before forward or after the optimizer (data preparation, logging, metrics, checkpoints) or "
                 "CPU contention from another process (top -H -p <pid>; pin threads, OMP_NUM_THREADS).")
@@ -434,14 +483,16 @@ def straggler(ctx: RuleContext) -> list[Finding]:
                 ": Python, I/O or sleeping only on that rank (data reads, logging, checkpoints), or CPU "
                 "contention from another process (top -H -p <pid>; pin threads, OMP_NUM_THREADS).")
     return [Finding(
-        lever="straggler",
+        lever=lever,
         severity=_sev(share, 0.10, 0.20),
         title=f"rank {s.rank} is {s.excess_us_per_step / 1000:.1f} ms per step slower ({s.cause}); "
               f"the others wait {held / 1000:.1f} ms per step for it",
         evidence=list(s.evidence),
         ranks=[s.rank],
         est_saving_pct=_pct(share),
-        action={"text": what.format(r=s.rank), "assumption": "the others stop waiting for it", "code": f"# check rank {s.rank}: nvidia-smi -q -d CLOCK,PERFORMANCE; top -H -p <pid>"},
+        action={"text": what.format(r=s.rank), "assumption": "the others stop waiting for it",
+                "code": STRAGGLER_CODE.get(kind or "", "# check rank {r}: nvidia-smi -q -d CLOCK,PERFORMANCE; "
+                                                      "top -H -p <pid>").format(r=s.rank)},
     )]
 
 

@@ -210,6 +210,13 @@ def analyze_path(
         if hang:
             notices.append(Notice("error", f"hang: {hang.summary}"))
     stragglers = find_stragglers(evidence)
+    over_time = None
+    if run is not None:
+        from pardiag.analyzers import temporal, temporal_rules
+
+        over_time = temporal.analyze(step_records)
+        if over_time is not None:
+            notices.extend(temporal_rules.notices(over_time.to_dict()))
     offsets = clock_offsets(
         {r: end_times(t.collectives, (summaries[r].base_time_ns or 0) / 1e3) for r, t in traces.items()}
     )
@@ -238,6 +245,7 @@ def analyze_path(
                                       fsdp=any(m.fsdp for m in metas.values())),
         notices=notices,
         summary=summary,
+        temporal=over_time.to_dict() if over_time is not None else None,
     ), nccl=nccl_report, telemetry=telemetry)
     return _estimates(advised, inputs, step_records, run, notices)
 

@@ -42,11 +42,12 @@ from pardiag.analysis_blocks import GpuTelemetry, Telemetry
 from pardiag.run_info import FrameworkInfo
 from pardiag.analyzers import levers
 from pardiag.analyzers import telemetry as gpu_health
+from pardiag.analyzers import temporal_rules
 from pardiag.analyzers.levers import rank_key, what_if
 from pardiag.analyzers.nccl import findings as nccl_findings
 from pardiag.analyzers.nccl.log import NcclReport, merge_logs
 
-Family = Literal["nccl", "telemetry", "lever"]
+Family = Literal["nccl", "telemetry", "lever", "temporal"]
 
 
 def _no_logs() -> NcclReport:
@@ -166,6 +167,9 @@ RULES: tuple[Row, ...] = (
     Row("gpu_slow_peer", "telemetry", "gpu_health", gpu_health.slow_peer, per="gpu"),
     Row("gpu_memory_headroom", "telemetry", "gpu_health", gpu_health.memory_headroom, per="gpu"),
     Row("straggler", "lever", "straggler", levers.straggler),
+    Row("host_contention", "lever", "host_contention", levers.host_contention),
+    Row("garbage_collection", "lever", "garbage_collection", levers.garbage_collection),
+    Row("input_imbalance", "lever", "input_imbalance", levers.input_imbalance),
     Row("dataloader", "lever", "dataloader", levers.dataloader),
     Row("gradient_accumulation", "lever", "gradient_accumulation", levers.gradient_accumulation),
     Row("ddp_bucket_size", "lever", "ddp_bucket_size", levers.ddp_bucket_size),
@@ -176,6 +180,9 @@ RULES: tuple[Row, ...] = (
     Row("batch_size", "lever", "batch_size", levers.batch_size),
     Row("sync_points", "lever", "sync_points", levers.sync_points),
     Row("host_overhead", "lever", "host_overhead", levers.host_overhead),
+    # when: from the temporal block (after the whole-run rows, whose findings they defer to)
+    Row("late_straggler", "temporal", "straggler", temporal_rules.late_straggler),
+    Row("gc_pauses", "temporal", "garbage_collection", temporal_rules.gc_pauses),
 )
 
 

@@ -51,6 +51,7 @@ import numpy as np
 
 from pardiag.analysis import Straggler
 from pardiag import step_records
+from pardiag.analyzers import host_causes
 from pardiag.analyzers.intervals import total_length
 from pardiag.analyzers.rank_trace import CollectiveCall, StepSpan
 from pardiag.analyzers.timeline import clip
@@ -268,7 +269,8 @@ def find_stragglers(evidence: Mapping[int, RankEvidence]) -> list[Straggler]:
             # not one. Only backward work hides from steps.jsonl (its wait is inside).
             return []
         if found:
-            return found
+            records = {r: ev.step_records for r, ev in evidence.items() if ev.step_records}
+            return [host_causes.refine(f, records) for f in found] if len(records) == len(evidence) else found
     return []
 
 
@@ -297,8 +299,14 @@ def _judge(series: _Series, evidence: Mapping[int, RankEvidence]) -> list[Stragg
     extra_work = min(sum(d for d in deltas.values() if d > 0), step_us)
     if extra_work < max(MIN_US, MIN_SHARE * step_us):
         # the others wait, but this rank's own phases do not show the work that would
-        # make them: no rank to name (the evidence would contradict the tables)
-        return []
+        # make them: no rank to name (the evidence would contradict the tables), unless
+        # its host signals show the time (waiting for a CPU inside backward, whose
+        # signal also holds the wait, shows in no phase)
+        records = {r: ev.step_records for r, ev in evidence.items()}
+        host = host_causes.excess_us(candidate, records) if all(records.values()) else 0.0
+        if host < max(MIN_US, MIN_SHARE * step_us):
+            return []
+        extra_work, cause = min(host, step_us), "unknown"
     n = len(excess)
     evidence_lines = [
         f"the other ranks wait {held / 1000:.1f} ms per step more than rank {candidate} "

@@ -65,7 +65,9 @@ class StepCounters:
     the ones named in `pardiag.step_records.SIGNALS` to steps.jsonl."""
 
     __slots__ = ("data_ns", "data_calls", "bwd_ns", "backwards", "fwd_ns", "forwards", "no_sync_forwards", "opt_ns",
-                 "faults", "bwd_faults", "faults_seen")
+                 "faults", "bwd_faults", "faults_seen", "in_elems",
+                 "gc_ns", "gcs", "gc_seen", "cpu_ns", "cpu_seen", "runq_ns", "runq_seen", "nivcsw", "nivcsw_seen",
+                 "rss_mb", "rss_seen")
 
     def __init__(self) -> None:
         self.reset()
@@ -82,6 +84,14 @@ class StepCounters:
         self.faults = 0  # the process's minor page faults in the step, set at the boundary
         self.bwd_faults = 0  # ... inside torch.autograd.backward
         self.faults_seen = 0  # 1 when the faults were counted (getrusage exists)
+        self.in_elems = 0  # elements of the first tensor argument of each DDP forward
+        # host signals (collectors/host_signals.py), set at the boundary; *_seen: 1 when read
+        self.gc_ns = self.gcs = self.gc_seen = 0
+        self.cpu_ns = self.cpu_seen = 0
+        self.runq_ns = self.runq_seen = 0
+        self.nivcsw = self.nivcsw_seen = 0
+        self.rss_mb = 0.0
+        self.rss_seen = 0
 
 
 def minor_faults() -> int | None:
@@ -100,6 +110,23 @@ try:
 except ImportError:  # not on Unix
     _getrusage = None
     _RUSAGE_SELF = 0
+
+
+def _first_tensor_elems(args: tuple, kwargs: dict) -> int:
+    """Elements of the first tensor among a forward's arguments (a batch of token ids:
+    its tokens), looking one level into a list, tuple or dict; 0 without one."""
+    for v in (*args, *kwargs.values()):
+        if isinstance(v, torch.Tensor):
+            return v.numel()
+        if isinstance(v, (list, tuple)):
+            for w in v:
+                if isinstance(w, torch.Tensor):
+                    return w.numel()
+        elif isinstance(v, dict):
+            for w in v.values():
+                if isinstance(w, torch.Tensor):
+                    return w.numel()
+    return 0
 
 
 # While torch.compile traces, every wrapper calls straight through, so the traced code
@@ -333,6 +360,7 @@ class Framework:
                 seen.add(id(m))
                 self.ddp.append(weakref.ref(m))
             counters.forwards += 1
+            counters.in_elems += _first_tensor_elems(_a, _k)
             if not getattr(m, "require_backward_grad_sync", True):
                 counters.no_sync_forwards += 1
                 self.no_sync_calls += 1

@@ -31,6 +31,7 @@ from pardiag.redact import redact_argv
 from pardiag.collectors.bootstrap import ENV_RUN_DIR, _PostImportFinder
 from pardiag.collectors.config import CollectorConfig
 from pardiag.collectors.framework import Framework, minor_faults
+from pardiag.collectors.host_signals import HostProbe
 from pardiag.collectors.profiler import ProfilerWindow, cuda_in_use
 
 RANK_VARS = (
@@ -116,11 +117,18 @@ class Collector:
         self.meta_writes = 0
         self._lock = threading.Lock()
         self._hooks: list[Any] = []
+        self.host_probe: HostProbe | None = None
 
     # -- wiring ---------------------------------------------------------------------------
 
     def install(self) -> None:
         self.framework.install()
+        try:  # built here, in the thread that imports torch: the training thread
+            self.host_probe = HostProbe(self._error)
+            self.host_probe.install_gc()
+        except Exception as e:
+            self._error("host", e)
+            self.host_probe = None
         from torch.optim import optimizer as optim_mod
 
         self._hooks.append(optim_mod.register_optimizer_step_pre_hook(self._on_opt_pre))
@@ -146,6 +154,9 @@ class Collector:
         self.disabled.add("all")
         self.steps_out = None
         self.window = None
+        if self.host_probe is not None:
+            self.host_probe.uninstall()
+            self.host_probe = None
 
     def _error(self, where: str, e: BaseException) -> None:
         # The text is redacted here, once: meta.json never holds it unredacted.
@@ -222,6 +233,13 @@ class Collector:
             if faults is not None and self.prev_faults is not None:
                 c.faults, c.faults_seen = faults - self.prev_faults, 1
             self.prev_faults = faults
+            if self.host_probe is not None:
+                try:
+                    self.host_probe.fill(c)
+                except Exception as e:
+                    self._error("host", e)
+                    self.host_probe.uninstall()
+                    self.host_probe = None
             begin = self.prev_end_ns if self.prev_end_ns is not None else fw.first_activity_ns
             rec: dict[str, Any] = {
                 "v": step_records.VERSION,

@@ -58,6 +58,10 @@ Lever = Literal[
     "gpu_health",
     "batch_size",
     "ddp_find_unused",  # extension (DESIGN.md): DDP searched for unused parameters and found none
+    # extensions (DESIGN.md): a straggler whose host signals say why (analyzers/host_causes.py)
+    "host_contention",  # its training thread waits for a CPU
+    "garbage_collection",  # Python's garbage-collection pauses
+    "input_imbalance",  # bigger batches than the other ranks'
 ]
 LEVERS: tuple[Lever, ...] = get_args(Lever)
 BREAKDOWN_KEYS = ("compute", "comm_exposed", "comm_overlapped", "memcpy", "dataloader", "idle")
@@ -272,6 +276,9 @@ class Analysis:
     # step, rank, path_us, by_rank_us, by_phase_us, by_collective_us, top_rank, top_phase,
     # top_collective, replay_error_pct; `pardiag.display.critical_path_of` reads it
     critical_path: dict[str, Any] | None = None
+    # the whole run over time from steps.jsonl (analyzers/temporal.py `Temporal.to_dict`):
+    # steps, job_step_us, change_points, spikes, periodic, warmup, windows, late_us, last_rank
+    temporal: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         # An Analysis built without a summary (by hand, or a schema-1 file) gets the one
@@ -373,6 +380,7 @@ def from_dict(doc: Mapping[str, Any], source: str = "analysis") -> Analysis:
         hang=hang_from_dict(doc["hang"]) if doc.get("hang") else None,
         summary=_summary(doc["summary"]) if "summary" in doc else None,  # None: computed from the ranks
         critical_path=dict(cp) if isinstance(cp := doc.get("critical_path"), Mapping) and cp else None,
+        temporal=dict(tp) if isinstance(tp := doc.get("temporal"), Mapping) and tp else None,
     )
     if v < 2:
         from pardiag.analyzers.summary import readvise

@@ -486,3 +486,46 @@ def critical_path_words(cp: CriticalPath) -> str:
     if cp.replay_error_pct is not None:
         text += f"; replay within {cp.replay_error_pct:.1f}%"
     return text
+
+
+MAX_SPIKES_SAID = 3
+
+
+def over_time_lines(a: Analysis) -> list[str]:
+    """The temporal block in sentences (analyzers/temporal.py): changes of the job's
+    step, periodic pauses, the largest spikes, the warm-up; [] when there is nothing to
+    say (or no block: no steps.jsonl, an older analysis)."""
+    t = a.temporal or {}
+    out: list[str] = []
+
+    def who(x: Mapping[str, Any]) -> str:
+        r = _int(x.get("rank"))
+        return f"rank {r}" if r is not None else "all ranks"
+
+    def why(x: Mapping[str, Any]) -> str:
+        c = _str(x.get("cause"))
+        return f"; {c}" if c else ""
+
+    for c in t.get("change_points") or []:
+        step, before, after = _int(c.get("step")), _num(c.get("before_us")), _num(c.get("after_us"))
+        if step is None or before is None or after is None:
+            continue
+        until = _int(c.get("until"))
+        span = f"steps {step}-{until}" if until is not None else f"from step {step} on"
+        out.append(f"{span}: the step {ms(before)} → {ms(after)} ({who(c)}{why(c)})")
+    for p in t.get("periodic") or []:
+        every, excess = _int(p.get("every")), _num(p.get("excess_us"))
+        if every is None or excess is None:
+            continue
+        out.append(f"every {every} steps a {ms(excess, 0)} pause, {len(p.get('steps') or [])} times ({who(p)}{why(p)})")
+    periodic_steps = {s for p in t.get("periodic") or [] for s in (p.get("steps") or [])}
+    rest = [s for s in t.get("spikes") or [] if s.get("step") not in periodic_steps and _num(s.get("excess_us"))]
+    for s in sorted(rest, key=lambda s: -(_num(s.get("excess_us")) or 0.0))[:MAX_SPIKES_SAID]:
+        out.append(f"spike at step {s.get('step')}: +{ms(_num(s.get('excess_us')))} ({who(s)}{why(s)})")
+    if len(rest) > MAX_SPIKES_SAID:
+        out.append(f"and {len(rest) - MAX_SPIKES_SAID} more spikes")
+    w = t.get("warmup") or {}
+    n, extra = _int(w.get("steps")), _num(w.get("extra_us"))
+    if n and extra is not None:
+        out.append(f"warm-up: the first {n} step{'s' if n != 1 else ''}, {extra / 1e6:.2f} s over steady steps")
+    return out

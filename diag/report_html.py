@@ -25,6 +25,7 @@ from pardiag import style
 from pardiag.analysis import Analysis, Collective, Finding, RankResult
 from pardiag.analysis_blocks import Telemetry
 from pardiag.display import (
+    over_time_lines,
     critical_path_of,
     critical_path_rows,
     critical_path_words,
@@ -233,10 +234,78 @@ def collectives_figure(a: Analysis) -> go.Figure | None:
                                      yaxis={"autorange": "reversed", "type": "category"}))
 
 
+MAX_POINTS = 4000  # steps drawn one by one; a longer run is drawn in buckets of steps (their maximum)
+
+
+def _buckets(steps: Sequence[int], values: Sequence[float]) -> tuple[list[int], list[float]]:
+    """At most MAX_POINTS points: consecutive steps in equal buckets, each at its first
+    step with its largest value (a spike stays visible)."""
+    if len(steps) <= MAX_POINTS:
+        return list(steps), list(values)
+    k = -(-len(steps) // MAX_POINTS)
+    return ([steps[i] for i in range(0, len(steps), k)],
+            [max(values[i:i + k]) for i in range(0, len(steps), k)])
+
+
+def over_time_figure(a: Analysis) -> go.Figure | None:
+    """The job's step time over the run (steps.jsonl, the steps that count), with the
+    profiled windows shaded, change points as dashed lines and spikes marked."""
+    t = a.temporal or {}
+    steps, vals = t.get("steps") or [], t.get("job_step_us") or []
+    if len(steps) < 2 or len(steps) != len(vals):
+        return None
+    x, y = _buckets(steps, [v / 1000 for v in vals])
+    traces = [go.Scatter(x=x, y=[_round(v) for v in y], mode="lines", name="job step (slowest rank)",
+                         line={"color": "#2f5f9e", "width": 1.5},
+                         hovertemplate="step %{x}<br>%{y} ms<extra></extra>")]
+    spikes = t.get("spikes") or []
+    if spikes:
+        traces.append(go.Scatter(
+            x=[s["step"] for s in spikes], y=[_round(s["step_us"] / 1000) for s in spikes], mode="markers",
+            name="spike", marker={"color": "#c0392b", "size": 7},
+            text=[(f"rank {s['rank']}" if s.get("rank") is not None else "all ranks") + (f"; {s['cause']}" if s.get("cause") else "")
+                  for s in spikes],
+            hovertemplate="step %{x}<br>%{y} ms<br>%{text}<extra></extra>"))
+    fig = go.Figure(traces, _layout(320, xaxis={"title": {"text": "step"}},
+                                    yaxis={"title": {"text": "step time (ms)"}, "rangemode": "tozero"}))
+    for lo, hi in t.get("windows") or []:
+        fig.add_vrect(x0=lo - 0.5, x1=hi + 0.5, fillcolor="#e0903a", opacity=0.18, line_width=0,
+                      annotation_text="profiled", annotation_position="top left")
+    for c in t.get("change_points") or []:
+        who = f"rank {c['rank']}" if c.get("rank") is not None else "all ranks"
+        fig.add_vline(x=c["step"] - 0.5, line_dash="dash", line_color="#c0392b",
+                      annotation_text=f"{c['before_us'] / 1000:.0f} → {c['after_us'] / 1000:.0f} ms ({who})")
+    return fig
+
+
+def late_figure(a: Analysis) -> go.Figure | None:
+    """Per step and rank, how long the others waited for it (rank x step heatmap)."""
+    t = a.temporal or {}
+    late = t.get("late_us") or {}
+    if len(late) < 2:
+        return None
+    ranks = sorted(late, key=int)
+    steps = sorted({int(s) for d in late.values() for s in d})
+    if not steps:
+        return None
+    z = []
+    xs: list[int] = []
+    for r in ranks:
+        xs, row = _buckets(steps, [max((late[r].get(str(s)) or 0.0) / 1000, 0.0) for s in steps])
+        z.append([_round(v) for v in row])
+    trace = go.Heatmap(z=z, x=xs, y=[f"rank {r}" for r in ranks], colorscale="Reds", zmin=0,
+                       colorbar={"title": {"text": "ms"}},
+                       hovertemplate="%{y}, step %{x}<br>the others waited %{z} ms for it<extra></extra>")
+    return go.Figure(trace, _layout(90 + 24 * len(ranks), xaxis={"title": {"text": "step"}},
+                                    yaxis={"autorange": "reversed", "type": "category"}))
+
+
 FIGURES: tuple[tuple[str, Callable[[Analysis], go.Figure | None]], ...] = (
     ("fig-breakdown", breakdown_figure),
     ("fig-phases", phases_figure),
     ("fig-step-time", step_time_figure),
+    ("fig-over-time", over_time_figure),
+    ("fig-late", late_figure),
     ("fig-gpu", gpu_figure),
     ("fig-collectives", collectives_figure),
 )
@@ -408,6 +477,7 @@ def _context(a: Analysis) -> dict[str, Any]:
         "notices_shown": NOTICES_SHOWN,
         "extra": [(name, title, facts) for name, title, d in extra if (facts := generic_facts(d))],
         "charts": figures(a),
+        "over_time": over_time_lines(a),
     }
 
 

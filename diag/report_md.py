@@ -11,6 +11,7 @@ from typing import Iterable, Sequence
 
 from pardiag.analysis import Analysis, Finding, RankResult
 from pardiag.display import (
+    over_time_lines,
     critical_path_of,
     critical_path_words,
     estimate_words,
@@ -163,6 +164,13 @@ def _straggler_lines(a: Analysis) -> list[str]:
     return [*out, ""]
 
 
+def _over_time_lines(a: Analysis) -> list[str]:
+    said = over_time_lines(a)
+    if not said:
+        return []
+    return ["### Over time", "", *(f"- {md_text(x, 300)}" for x in said), ""]
+
+
 def _collective_lines(a: Analysis) -> list[str]:
     if not a.collectives:
         return []
@@ -223,7 +231,7 @@ FOOTER = "<sub>pardiag: the full report with charts is `report.html` (`pardiag r
 def render_markdown(a: Analysis, max_chars: int = MAX_CHARS) -> str:
     """The summary, guaranteed shorter than max_chars: sections that do not fit are
     left out whole, and the comment says so."""
-    sections = [_headline_lines(a), _hang_lines(a), _finding_lines(a), _straggler_lines(a), _rank_lines(a),
+    sections = [_headline_lines(a), _hang_lines(a), _finding_lines(a), _straggler_lines(a), _over_time_lines(a), _rank_lines(a),
                 _collective_lines(a), _notice_lines(a)]
     footer = FOOTER + "\n"
     cut = "_Some sections did not fit in a comment; see the full report._\n"

@@ -19,6 +19,9 @@ A version-2 line::
      "source": "optimizer", "data_us": ..., "bwd_us": ..., "backwards": 1,
      "opt_us": ..., "fwd_us": ..., "forwards": 1,       # only when observed
      "faults": 2051, "bwd_faults": 2040,                # minor page faults (Unix)
+     "in_elems": 4096, "gc_us": 0.0, "gcs": 0,          # host signals (host_signals.py),
+     "cpu_us": ..., "runq_us": ..., "nivcsw": 3,        # each where the OS offers it
+     "rss_mb": 812.4,
      "profiler": "active"}                              # only inside the window
 
 A signal that was not observed in a step (no DDP forward seen) is absent from the
@@ -75,6 +78,20 @@ SIGNALS: tuple[Signal, ...] = (
            "(getrusage at the boundary, runtime.py)", "count", False, observed_by="faults_seen"),
     Signal("backward_page_faults", "bwd_faults", "bwd_faults", "the process's minor page faults inside "
            "torch.autograd.backward (framework.py)", "count", False, observed_by="faults_seen"),
+    Signal("input_elements", "in_elems", "in_elems", "elements of the first tensor argument of the step's DDP "
+           "forwards (framework.py)", "count", False, observed_by="forwards"),
+    Signal("gc", "gc_us", "gc_ns", "Python garbage-collection pauses, any thread (gc.callbacks, host_signals.py)",
+           "us", False, observed_by="gc_seen"),
+    Signal("gcs", "gcs", "gcs", "garbage collections in the step (host_signals.py)", "count", False,
+           observed_by="gc_seen"),
+    Signal("cpu", "cpu_us", "cpu_ns", "CPU time of the training thread (schedstat or thread_time, host_signals.py)",
+           "us", False, observed_by="cpu_seen"),
+    Signal("run_queue", "runq_us", "runq_ns", "time the training thread was runnable but waited for a CPU "
+           "(/proc schedstat, host_signals.py)", "us", False, observed_by="runq_seen"),
+    Signal("involuntary_switches", "nivcsw", "nivcsw", "the training thread's involuntary context switches "
+           "(getrusage RUSAGE_THREAD, host_signals.py)", "count", False, observed_by="nivcsw_seen"),
+    Signal("rss_mb", "rss_mb", "rss_mb", "the process's resident memory at the step's end, MiB "
+           "(/proc/self/statm, host_signals.py)", "count", False, observed_by="rss_seen"),
 )
 
 

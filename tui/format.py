@@ -22,7 +22,7 @@ from pardiag.display import clip, fact_text, gpu_split, ms, pct, per_step_us, ra
 __all__ = [
     "clip", "ms", "pct", "per_step_us", "rank_ranges", "share", "step_us", "gpu_split",
     "Segment", "stacked", "draw", "breakdown_bar", "legend", "severity_badge", "heat_style",
-    "mb", "fact_text", "numeric_series", "sparkline_text", "spread",
+    "mb", "fact_text", "numeric_series", "sparkline_text", "spread", "over_time_text",
 ]
 
 Segment = tuple[float, float, str]  # start, end, colour (hex)
@@ -172,3 +172,44 @@ def sparkline_text(values: Sequence[float], width: int, colour: str = style.CATE
     span = vmax - vmin
     glyphs = "".join(SPARK[0 if span <= 0 else min(7, int((x - vmin) / span * 7.999))] for x in cells)
     return Text(glyphs, style=Style(color=colour), no_wrap=True)
+
+
+def over_time_text(temporal: Mapping[str, Any], width: int) -> Text:
+    """The job's step over the run in `width` cells (the largest step of each cell, so a
+    spike stays visible) and, below, what happened where: ``P`` profiled window, ``|`` a
+    change of level, ``*`` a spike. Empty without a series."""
+    steps, vals = list(temporal.get("steps") or []), list(temporal.get("job_step_us") or [])
+    if len(steps) < 2 or len(steps) != len(vals) or width <= 0:
+        return Text("")
+    n = min(width, len(steps))
+    bounds = [(c * len(steps) // n, max(c * len(steps) // n + 1, (c + 1) * len(steps) // n)) for c in range(n)]
+    cells = [max(vals[lo:hi]) for lo, hi in bounds]
+    vmin, vmax = min(cells), max(cells)
+    span = vmax - vmin
+    bar = "".join(SPARK[0 if span <= 0 else min(7, int((x - vmin) / span * 7.999))] for x in cells)
+    first = [steps[lo] for lo, _ in bounds]
+    last = [steps[hi - 1] for _, hi in bounds]
+
+    def cell_of(step: int) -> int:
+        return max(0, min(n - 1, bisect_right(first, step) - 1))
+
+    marks = [" "] * n
+    for lo_s, hi_s in temporal.get("windows") or []:
+        for c in range(n):
+            if first[c] <= hi_s and last[c] >= lo_s:
+                marks[c] = "P"
+    # a window's steps are not counted: the window sits between two cells
+    for lo_s, _hi in temporal.get("windows") or []:
+        c = cell_of(lo_s)
+        if marks[c] == " ":
+            marks[c] = "P"
+    for sp in temporal.get("spikes") or []:
+        marks[cell_of(int(sp.get("step", 0)))] = "*"
+    for ch in temporal.get("change_points") or []:
+        marks[cell_of(int(ch.get("step", 0)))] = "|"
+    out = Text(no_wrap=True)
+    out.append(bar, style=Style(color=style.CATEGORY_COLOURS["compute"]))
+    out.append(f"  {vmin / 1000:.1f}-{vmax / 1000:.1f} ms\n")
+    out.append("".join(marks), style=Style(color="#c0392b"))
+    out.append(f"  steps {steps[0]}-{steps[-1]}")
+    return out

@@ -13,7 +13,7 @@ import gc
 import json
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -127,12 +127,26 @@ def _train(
     accum: int = 1,
     slow_rank: int = -1,
     slow_ms: float = 0.0,
+    slow_from: int = 0,
     optimizer: str = "adamw",
     pause_ms: float = 0.0,
+    burner_rank: int = -1,
+    pin_ranks: bool = False,
+    gc_rank: int = -1,
+    gc_every: int = 0,
+    gc_heap: int = 0,
+    gc_freeze: bool = False,
 ) -> int:
     """`batch=None` takes the dataset's items as whole batches; `steps` counts optimizer
     steps (of `accum` micro-batches each); optimizer "zero_adamw" shards AdamW's state
-    over the ranks (ZeroRedundancyOptimizer; plain AdamW in one process)."""
+    over the ranks (ZeroRedundancyOptimizer; plain AdamW in one process).
+
+    `slow_rank` does `slow_ms` of extra CPU work before each optimizer step's first
+    micro-batch from optimizer step `slow_from` on. `pin_ranks`: each rank on its own
+    CPU (rank % CPUs); `burner_rank`: another process spins on that rank's CPU for the
+    whole job. `gc_rank` keeps `gc_heap` long-lived objects and calls gc.collect() every
+    `gc_every` steps (as a memory-minded callback would); `gc_freeze`: gc.freeze() once
+    they are built, so that collections skip them."""
     torch.manual_seed(0)
     torch.set_num_threads(1)
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -140,6 +154,45 @@ def _train(
         dist.init_process_group("gloo")
         model = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
     rank = dist.get_rank() if distributed else 0
+    with contextlib.ExitStack() as stack:
+        if pin_ranks or rank == burner_rank:
+            cpu = pin(rank)
+            if rank == burner_rank:
+                stack.enter_context(burner(cpu))
+        heap = [{"i": i, "v": [i]} for i in range(gc_heap)] if rank == gc_rank else []
+        if heap and gc_freeze:
+            gc.freeze()
+        return _loop(model, data, rank, distributed, steps=steps, batch=batch, autocast=autocast, workers=workers,
+                     persistent_workers=persistent_workers, accum=accum, slow_rank=slow_rank, slow_ms=slow_ms,
+                     slow_from=slow_from, optimizer=optimizer, pause_ms=pause_ms, gc_every=gc_every if heap else 0)
+
+
+def pin(rank: int) -> int:
+    """This process (and the threads it starts from now on) on one CPU: rank % CPUs."""
+    cpus = sorted(os.sched_getaffinity(0))
+    cpu = cpus[rank % len(cpus)]
+    os.sched_setaffinity(0, {cpu})
+    return cpu
+
+
+@contextlib.contextmanager
+def burner(cpu: int) -> Iterator[None]:
+    """Another process spinning on `cpu` until the block ends."""
+    import subprocess
+    import sys
+
+    code = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True:\n    pass\n"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _loop(model: nn.Module, data: Dataset, rank: int, distributed: bool, *, steps: int, batch: int | None,
+          autocast: bool, workers: int, persistent_workers: bool, accum: int, slow_rank: int, slow_ms: float,
+          slow_from: int, optimizer: str, pause_ms: float, gc_every: int) -> int:
     sampler = DistributedSampler(data, shuffle=False) if distributed else None
     # workers stay for the next epoch only when asked (a fix); the default keeps the problem's loader as it was
     more: dict[str, Any] = {"persistent_workers": True, "prefetch_factor": 2} if workers and persistent_workers else {}
@@ -156,7 +209,7 @@ def _train(
     done = micro = 0
     while done < steps:
         for x, y in loader:
-            if rank == slow_rank and micro % accum == 0:
+            if rank == slow_rank and micro % accum == 0 and done >= slow_from:
                 busy(slow_ms)
             micro += 1
             sync = micro % accum == 0
@@ -172,6 +225,8 @@ def _train(
             opt.zero_grad(set_to_none=True)
             if pause_ms:
                 time.sleep(pause_ms / 1000)  # waiting on something outside the job (metrics, I/O)
+            if gc_every and done % gc_every == 0:
+                gc.collect()
             done += 1
             if done >= steps:
                 break

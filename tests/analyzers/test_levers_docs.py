@@ -15,9 +15,11 @@ from pardiag.analyzers import levers
 from pardiag.analyzers.rules import RULES, advise
 from factories import DDP_ONE_BUCKET, GB, analysis, rank
 
-# straggler's rule belongs with stragglers.py (its thresholds are documented there);
-# ddp_find_unused has no numeric threshold (DDP's own record decides)
-RULE_ROWS = [row for row in RULES if row.family == "lever" and row.name != "straggler"]
+# straggler's rule belongs with stragglers.py (its thresholds are documented there), and so
+# do the host levers' (a straggler whose host signals say why: host_causes.py documents
+# theirs); ddp_find_unused has no numeric threshold (DDP's own record decides)
+STRAGGLER_ROWS = {"straggler", "host_contention", "garbage_collection", "input_imbalance"}
+RULE_ROWS = [row for row in RULES if row.family == "lever" and row.name not in STRAGGLER_ROWS]
 NO_NUMBERS = {"ddp_find_unused"}
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from pardiag.analysis import LEVERS, Finding, Lever, Straggler
 from pardiag.analysis_blocks import GpuTelemetry
-from pardiag.analyzers import levers, rules
+from pardiag.analyzers import levers, rules, temporal_rules
 from pardiag.analyzers.pipeline import analyze_path
 from pardiag.analyzers.nccl.log import parse_nccl_logs
 from pardiag.analyzers.rules import RULES, Row, RuleContext, advise, ordered, run_rules
@@ -53,7 +53,9 @@ def test_lever_type_is_designs_vocabulary_and_its_extensions() -> None:
     vocabulary = re.findall(r"`(\w+)`", fixed.split("):", 1)[1])
     extensions = design[design.index("Lever ids may be extended"):][:300]
     assert vocabulary == list(LEVERS[:len(vocabulary)])
-    assert set(LEVERS) - set(vocabulary) == {"ddp_find_unused"} and "`ddp_find_unused`" in extensions
+    added = set(LEVERS) - set(vocabulary)
+    assert added == {"ddp_find_unused", "host_contention", "garbage_collection", "input_imbalance"}
+    assert all(f"`{x}`" in extensions for x in added)
 
 
 def test_the_closed_type_rejects_an_unknown_id_in_the_registry_but_loads_a_newer_file() -> None:
@@ -79,6 +81,8 @@ def test_registry_covers_every_lever_id_exactly_where_expected() -> None:
     for row in RULES:
         if row.family == "lever":
             assert row.lever == row.name and row.check is getattr(levers, row.name) and row.per == "job"
+        elif row.family == "temporal":
+            assert row.check is getattr(temporal_rules, row.name) and row.lever in ("straggler", "garbage_collection")
         else:
             assert row.lever == FAMILY_LEVER[row.family]
         assert row.per == ("gpu" if row.family == "telemetry" else "job")
@@ -88,11 +92,12 @@ def test_registry_covers_every_lever_id_exactly_where_expected() -> None:
 
 def test_registry_order_is_the_documented_one() -> None:
     families = [row.family for row in RULES]
-    assert families == sorted(families, key=["nccl", "telemetry", "lever"].index)
+    assert families == sorted(families, key=["nccl", "telemetry", "lever", "temporal"].index)
+    assert [row.name for row in RULES if row.family == "temporal"] == ["late_straggler", "gc_pauses"]
     assert [row.name for row in RULES if row.family == "nccl"][-1] == "stale_overrides"  # defers to the others
     # the advisor's table as it was, kept in its order
     assert [row.name for row in RULES if row.family == "lever"] == [
-        "straggler", "dataloader", "gradient_accumulation", "ddp_bucket_size", "ddp_find_unused", "comm_overlap",
+        "straggler", "host_contention", "garbage_collection", "input_imbalance", "dataloader", "gradient_accumulation", "ddp_bucket_size", "ddp_find_unused", "comm_overlap",
         "mixed_precision", "sharding", "batch_size", "sync_points", "host_overhead"]
 
 

@@ -4,6 +4,7 @@ on the CPU): the expected lever must be the top finding; the healthy control get
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,10 @@ def findings_of(tmp_path: Path, script: str, *pardiag_args: str, attempt: int = 
         ("slow_rank", "straggler", ()),
         ("comm_bound", "gradient_accumulation", ()),
         ("too_large", "sharding", ("--memory-per-rank", "400MiB")),
+        pytest.param("cpu_contention", "host_contention", (), marks=pytest.mark.skipif(
+            not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+            reason="pins each rank to its own CPU: needs Linux and two CPUs")),
+        ("gc_pauses", "garbage_collection", ()),
     ],
 )
 def test_planted_problem_is_the_top_finding(tmp_path: Path, script: str, lever: str, extra: tuple[str, ...]) -> None:
@@ -65,3 +70,20 @@ def test_healthy_control_gets_no_finding(tmp_path: Path) -> None:
     if findings:
         findings = findings_of(tmp_path, "healthy", attempt=1)  # see SECOND_RUN
     assert findings == [], [(f["lever"], f["title"]) for f in findings]
+
+
+def test_a_straggler_that_starts_after_the_window_is_found_with_its_step(tmp_path: Path) -> None:
+    # rank 1 slows down from optimizer step 25 of 40 (30 ms of extra work per step); the
+    # profiled window (7-9) is before it
+    out = tmp_path / "late"
+    res = run_pardiag("run", "-q", "--out", str(out), "--",
+                      *torchrun(2, SCENARIOS / "late_straggler.py", "--steps", "40"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    doc = json.loads(run_pardiag("analyze", str(out), "--json").stdout)
+    (change,) = [c for c in doc["temporal"]["change_points"] if c["rank"] == 1]
+    assert change["step"] == 25 and change["until"] is None
+    # 30 ms more per step: the level after is 30 ms over the level before, within 10 ms
+    assert abs((change["after_us"] - change["before_us"]) / 1000 - 30) < 10, change
+    late = [f for f in doc["findings"] if f["lever"] == "straggler" and f["title"].startswith("from step 25 on, rank 1")]
+    assert late, [(f["lever"], f["title"]) for f in doc["findings"]]
+    assert doc["temporal"]["windows"] == [[5, 9]]  # the default window: warm-up 5-6, recorded 7-9

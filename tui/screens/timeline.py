@@ -8,11 +8,13 @@ from textual.app import ComposeResult
 from textual.widgets import Static
 
 from pardiag import style
+from pardiag.display import over_time_lines
 from pardiag.tui import format as fmt
 from pardiag.tui.screens.base import PardiagScreen, Sortable
 from pardiag.tui.widgets.labels import Caption, Heading
 from pardiag.tui.widgets.lanes import Lanes
 
+OVER_TIME_WIDTH = 96
 NOTE = ("share of a profiled step: each lane is the rank's profiled time per step, split in proportion by category "
         "(the order of events inside the step is not kept); longer lanes are slower ranks")
 
@@ -23,6 +25,8 @@ class TimelineScreen(PardiagScreen):
     TimelineScreen #legend { height: 1; padding: 0 1; }
     TimelineScreen #note { height: auto; padding: 0 1; color: $text-muted; }
     TimelineScreen #empty { padding: 1 2; color: $text-muted; }
+    TimelineScreen #over-time { height: auto; padding: 0 1; }
+    TimelineScreen .over-time-line { height: auto; padding: 0 1; }
     """
 
     def compose_body(self) -> ComposeResult:
@@ -36,6 +40,11 @@ class TimelineScreen(PardiagScreen):
         yield Static(NOTE, id="note", markup=False)
         yield Lanes(ranks, {s.rank for s in a.stragglers}, id="lanes")
         yield Caption("", id="table-caption")
+        if a.temporal and len(a.temporal.get("steps") or []) >= 2:
+            yield Heading("the whole run, step by step (P profiled, | change of level, * spike)", markup=False)
+            yield Static(fmt.over_time_text(a.temporal, OVER_TIME_WIDTH), id="over-time")
+            for line in over_time_lines(a):
+                yield Static(line, classes="over-time-line", markup=False)
 
     def on_mount(self) -> None:
         for lanes in self.query(Lanes):

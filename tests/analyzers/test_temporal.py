@@ -1,0 +1,144 @@
+"""The whole run over time (analyzers/temporal.py) on step records built by hand: two
+ranks of DDP, 100 ms steps (forward 20, backward 50 with its wait, optimizer 10, the
+rest untimed), and the planted changes below."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from pardiag.analyzers import temporal
+from pardiag.step_records import parse
+
+MS = 1000.0
+
+
+def job(n: int = 60, extra: Any = None, noise: float = 0.0, seed: int = 0, window: tuple[int, int] | None = None,
+        warmup: dict[int, float] | None = None) -> dict[int, list]:
+    """Per rank n steps. `extra(step, rank)` -> dict of ms added to that rank's phases
+    ("fwd", "untimed", "gc"): the others' backward waits for the slowest rank's extra."""
+    rng = random.Random(seed)
+    out: dict[int, list] = {0: [], 1: []}
+    for s in range(n):
+        jitter = 1 + rng.uniform(-noise, noise)
+        add = {r: (extra(s, r) if extra else {}) or {} for r in (0, 1)}
+        own = {r: add[r].get("fwd", 0) + add[r].get("untimed", 0) + add[r].get("gc", 0) for r in (0, 1)}
+        slowest = max(own.values())
+        for r in (0, 1):
+            wait = slowest - own[r]  # it waits in backward for the other's extra work
+            base = (warmup or {}).get(s, 0.0)
+            obj = {"v": 2, "step": s, "dur_us": (100 * jitter + slowest + base) * MS, "pardiag_us": 0.0,
+                   "data_us": 1 * MS, "fwd_us": (20 + add[r].get("fwd", 0)) * MS,
+                   "bwd_us": (50 * jitter + wait + base) * MS, "opt_us": 10 * MS, "backwards": 1,
+                   "gc_us": add[r].get("gc", 0) * MS, "gcs": 1 if add[r].get("gc") else 0}
+            if window and window[0] <= s <= window[1]:
+                obj["profiler"] = "active"
+            out[r].append(parse(obj))
+    return out
+
+
+def test_a_straggler_that_starts_late_is_a_persistent_change_on_its_rank() -> None:
+    # from step 40 on, rank 1 computes 30 ms more in forward: the job's step 100 -> 130 ms
+    t = temporal.analyze(job(extra=lambda s, r: {"fwd": 30} if s >= 40 and r == 1 else None, noise=0.02))
+    assert t is not None and len(t.changes) == 1
+    c = t.changes[0]
+    assert c.step == 40 and c.until is None and c.rank == 1 and c.cause == "forward"
+    assert c.before_us == pytest.approx(100 * MS, rel=0.03) and c.after_us == pytest.approx(130 * MS, rel=0.03)
+    assert t.last_rank[45] == 1 and t.late_us[1][45] == pytest.approx(30 * MS, rel=0.1)
+    assert not t.spikes
+
+
+def test_noise_alone_makes_no_change_and_no_spike() -> None:
+    # +-5% uniform jitter on every step, 200 steps, several seeds: the control
+    for seed in range(5):
+        t = temporal.analyze(job(n=200, noise=0.05, seed=seed))
+        assert t is not None and t.changes == [] and t.spikes == [], seed
+
+
+def test_a_pause_every_10_steps_on_all_ranks_is_periodic_outside_the_phases() -> None:
+    # a 500 ms checkpoint on both ranks after steps 10, 20, ..., 50 (untimed, the same on both)
+    t = temporal.analyze(job(extra=lambda s, r: {"untimed": 500} if s and s % 10 == 0 else None, noise=0.02))
+    assert t is not None and t.changes == []
+    assert [s.step for s in t.spikes] == [10, 20, 30, 40, 50]
+    assert all(s.rank is None and s.cause and s.cause.startswith("outside the timed phases") for s in t.spikes)
+    (p,) = t.periodic
+    assert p.every == 10 and p.rank is None and p.excess_us == pytest.approx(500 * MS, rel=0.05)
+
+
+def test_garbage_collection_pauses_on_one_rank_are_named() -> None:
+    # rank 1 collects for 200 ms at steps 15, 30 and 45: rank 0 waits for it
+    t = temporal.analyze(job(extra=lambda s, r: {"gc": 200} if r == 1 and s in (15, 30, 45) else None, noise=0.02))
+    assert t is not None
+    assert [(s.step, s.rank, s.cause) for s in t.spikes] == [(s, 1, "garbage collection on rank 1")
+                                                              for s in (15, 30, 45)]
+    assert t.periodic and t.periodic[0].every == 15 and t.periodic[0].rank == 1
+
+
+def test_warmup_and_the_profiler_window_are_counted_apart() -> None:
+    # steps 0-2 at 400 ms (compilation, allocator), steps 7-9 profiled at +80 ms
+    t = temporal.analyze(job(warmup={0: 300, 1: 300, 2: 300},
+                             extra=lambda s, r: {"untimed": 80} if 7 <= s <= 9 else None, window=(7, 9)))
+    assert t is not None and t.windows == [(7, 9)]
+    assert t.warmup_steps == 3 and t.warmup_us == pytest.approx(3 * 300 * MS, rel=0.01)
+    # the window's steps are not counted, so they are neither spikes nor a change
+    assert 8 not in t.steps and t.spikes == [] and t.changes == []
+    d = t.to_dict()
+    assert d["windows"] == [[7, 9]] and d["warmup"]["steps"] == 3
+
+
+def test_a_slowdown_that_ends_says_until_when() -> None:
+    # steps 20-39 at 160 ms (a neighbour's job on both ranks' machine), then back to 100
+    t = temporal.analyze(job(extra=lambda s, r: {"untimed": 60} if 20 <= s < 40 else None, noise=0.02))
+    assert t is not None
+    assert [(c.step, c.until) for c in t.changes] == [(20, 39), (40, None)]
+    assert t.changes[0].rank is None and t.changes[0].cause.startswith("outside the timed phases")
+
+
+# -- the findings and notices of the temporal block ----------------------------------------
+
+def _advised(t: temporal.Temporal, stragglers: list | None = None):  # type: ignore[no-untyped-def]
+    from factories import analysis, rank
+    from pardiag.analyzers.rules import advise
+
+    # the job's median step: 100 ms (step_p50 of each rank)
+    return advise(analysis([rank(0, device="cpu"), rank(1, device="cpu")], stragglers=stragglers or [],
+                           temporal=t.to_dict()))
+
+
+def test_a_late_straggler_is_a_finding_with_its_step_and_saving() -> None:
+    t = temporal.analyze(job(extra=lambda s, r: {"fwd": 30} if s >= 40 and r == 1 else None, noise=0.02))
+    assert t is not None
+    a = _advised(t)
+    (f,) = [f for f in a.findings if f.lever == "straggler"]
+    c = t.changes[0]
+    assert f.ranks == [1] and f.title.startswith("from step 40 on, rank 1 holds the others back")
+    # back to the level before: 1 - before / after, about 1 - 100/130 = 23%
+    assert f.est_saving_pct == pytest.approx(round(100 * (1 - c.before_us / c.after_us), 1))
+    assert 20 < f.est_saving_pct < 26 and f.severity == "medium"
+    # the whole-run straggler test named that rank already: no second finding
+    from pardiag.analysis import Straggler
+
+    named = _advised(t, [Straggler(rank=1, excess_us_per_step=30 * MS, cause="forward", evidence=["x"],
+                                   held_us_per_step=30 * MS)])
+    assert [f.title.startswith("from step") for f in named.findings if f.lever == "straggler"] == [False]
+
+
+def test_periodic_garbage_collection_is_a_finding_and_a_checkpoint_a_notice() -> None:
+    gc_run = temporal.analyze(job(extra=lambda s, r: {"gc": 200} if r == 1 and s in (15, 30, 45) else None,
+                                  noise=0.02))
+    assert gc_run is not None
+    (f,) = [f for f in _advised(gc_run).findings if f.lever == "garbage_collection"]
+    # 200 ms every 15 steps: 13.3 ms per step of a 100 ms median step
+    assert f.est_saving_pct == pytest.approx(100 * gc_run.periodic[0].excess_us / 15 / (100 * MS), abs=0.05)
+    assert 12.5 < f.est_saving_pct < 14.5 and f.ranks == [1]
+    assert f.title == "every 15 steps a 200 ms pause for garbage collection on rank 1 holds the job"
+    ckpt = temporal.analyze(job(extra=lambda s, r: {"untimed": 500} if s and s % 10 == 0 else None, noise=0.02))
+    assert ckpt is not None
+    assert not [f for f in _advised(ckpt).findings if f.lever in ("garbage_collection", "straggler")]
+    from pardiag.analyzers.temporal_rules import notices
+
+    (n,) = notices(ckpt.to_dict())
+    assert n.message.startswith("every 10 steps a 500 ms pause (all ranks; outside the timed phases") and \
+        n.message.endswith("5 times")
