@@ -75,6 +75,9 @@ SCENARIOS: dict[str, tuple[str | None, tuple[str, ...]]] = {
     "fp32_matmul": ("mixed_precision", ()),
     "comm_bound": ("gradient_accumulation", ()),
     "too_large": ("sharding", ("--memory-per-rank", "400MiB")),
+    "cpu_contention": ("host_contention", ()),
+    "gc_pauses": ("garbage_collection", ()),
+    "long_inputs": ("input_imbalance", ()),
     "healthy": (None, ()),
 }
 

@@ -56,6 +56,37 @@ class Batches(Dataset):
         return self.x[i], self.y[i]
 
 
+class Tokens(Dataset):
+    """Sequences of token ids of `seq` tokens and a label each; on rank `long_rank` (from
+    the launcher's RANK) the sequences are `factor` times longer, as when one rank's
+    shard holds the long documents."""
+
+    def __init__(self, n: int, seq: int, vocab: int, classes: int, long_rank: int = -1, factor: int = 1) -> None:
+        g = torch.Generator().manual_seed(0)
+        length = seq * factor if int(os.environ.get("RANK", "0")) == long_rank else seq
+        self.x = torch.randint(0, vocab, (n, length), generator=g)
+        self.y = torch.randint(0, classes, (n,), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[i], self.y[i]
+
+
+class TokenModel(nn.Module):
+    """Token embeddings, a per-token MLP and mean pooling: work in proportion to tokens."""
+
+    def __init__(self, vocab: int, dim: int, hidden: int, classes: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.body = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, dim), nn.ReLU())
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(self.embed(tokens)).mean(dim=1))
+
+
 def mlp(dim: int, hidden: int, layers: int, classes: int) -> nn.Module:
     blocks: list[nn.Module] = [nn.Linear(dim, hidden), nn.ReLU()]
     for _ in range(layers - 1):

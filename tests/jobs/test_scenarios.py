@@ -53,6 +53,7 @@ def findings_of(tmp_path: Path, script: str, *pardiag_args: str, attempt: int = 
             not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
             reason="pins each rank to its own CPU: needs Linux and two CPUs")),
         ("gc_pauses", "garbage_collection", ()),
+        ("long_inputs", "input_imbalance", ()),
     ],
 )
 def test_planted_problem_is_the_top_finding(tmp_path: Path, script: str, lever: str, extra: tuple[str, ...]) -> None:
