@@ -64,6 +64,8 @@ def load_dump(data: bytes) -> dict[str, Any]:
     except EOFError:
         raise ValueError("truncated (the pickle ends early)") from None
     except pickle.UnpicklingError as e:
+        if "truncated" in str(e):  # a dump cut short (the C unpickler's wording)
+            raise ValueError("truncated (the pickle ends early)") from None
         raise ValueError(f"not a flight-recorder pickle: {e}") from None
     except Exception as e:  # any other malformed byte stream
         raise ValueError(f"not a flight-recorder pickle: {type(e).__name__}: {e}") from None
