@@ -108,7 +108,8 @@ class Entry:
         return FlightCall(seq=self.seq, op=self.op, state="completed" if completed else self.state,
                           input_sizes=self.input_sizes, output_sizes=self.output_sizes,
                           input_dtypes=self.input_dtypes, output_dtypes=self.output_dtypes,
-                          frames=self.frames, timeout_ms=self.timeout_ms, rank=self.rank)
+                          frames=self.frames, timeout_ms=self.timeout_ms, rank=self.rank,
+                          user_frame=user_frame(self.frames))
 
 
 @dataclass
@@ -258,7 +259,7 @@ def _majority(at_seq: Mapping[int, Entry], pg_size: int) -> tuple[int, list[int]
     return ref, odd, state, detail
 
 
-def _user_frame(frames: Sequence[str]) -> str | None:
+def user_frame(frames: Sequence[str]) -> str | None:
     """The innermost frame outside torch (where the user's code called the collective)."""
     return next((f for f in frames if "/torch/" not in f and "\\torch\\" not in f), frames[0] if frames else None)
 
@@ -304,7 +305,7 @@ def analyze_group(pg: str, members: Sequence[int], by_rank: Mapping[int, Sequenc
                        culprit_ranks=m.culprit_ranks if m else [],
                        never_arrived=m.culprit_ranks if m and m.match_state == "MISSING_RANKS" else [],
                        stuck_frames=stuck.frames if stuck else [],
-                       stuck_user_frame=_user_frame(stuck.frames) if stuck else None)
+                       stuck_user_frame=stuck.user_frame if stuck else None)
 
 
 def analyze_dumps(dumps: Mapping[int, RankDump], notes: Sequence[str] = (), world_size: int | None = None,

@@ -148,15 +148,11 @@ def flight_words(f: FlightRecord) -> str:
             found = "; ".join(f"rank {c.rank} called {_call_words(c)}" for c in m.found)
             text = (f"{head} is {m.match_state}: rank {m.reference_rank} called {_call_words(m.expected)}, "
                     f"{found}")
-        where = [c for c in (m.expected, *m.found) if c.frames]
+        where = [c for c in (m.expected, *m.found) if c.user_frame]
         if where:
-            text += " (" + ", ".join(f"rank {c.rank} at {_user_frame(c.frames)}" for c in where) + ")"
+            text += " (" + ", ".join(f"rank {c.rank} at {c.user_frame}" for c in where) + ")"
         return text
     return f"flight recorder: {f.summary}"
-
-
-def _user_frame(frames: Sequence[str]) -> str:
-    return next((x for x in frames if "/torch/" not in x and "\\torch\\" not in x), frames[0])
 
 
 def with_flight_recorder(hang: Hang | None, flight: FlightRecord | None) -> Hang | None:

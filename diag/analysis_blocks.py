@@ -120,6 +120,7 @@ class FlightCall:
     frames: list[str] = field(default_factory=list)  # "function (file:line)", innermost first
     timeout_ms: int | None = None
     rank: int | None = None
+    user_frame: str | None = None  # the innermost frame outside torch: where the job made the call
 
 
 @dataclass(frozen=True)

@@ -303,11 +303,6 @@ def _fr_call(c: FlightCall | None) -> str:
     return "none" if c is None else f"#{c.seq} {c.op}" + (f" ({c.state})" if c.state != "completed" else "")
 
 
-def _outside_torch(frames: Sequence[str]) -> str:
-    """The innermost frame outside torch: where the job's own code made the call."""
-    return next((x for x in frames if "/torch/" not in x and "\\torch\\" not in x), frames[0])
-
-
 def hang_flight_lines(h: Hang, max_ranks: int = 8) -> list[str]:
     """What the flight-recorder dumps add to a hang: per rank of the group they blame (else
     the first group), the last collective it completed and the last it entered; where the
@@ -321,8 +316,8 @@ def hang_flight_lines(h: Hang, max_ranks: int = 8) -> list[str]:
         out += [f"flight recorder, process group {g.process_group}: rank {x.rank} last completed "
                 f"{_fr_call(x.last_completed)}, last entered {_fr_call(x.last_entered)}" for x in g.last[:max_ranks]]
         if g.first_mismatch is not None:
-            out += [f"rank {c.rank} called {c.op} at {_outside_torch(c.frames)}"
-                    for c in (g.first_mismatch.expected, *g.first_mismatch.found) if c.frames][:max_ranks]
+            out += [f"rank {c.rank} called {c.op} at {c.user_frame}"
+                    for c in (g.first_mismatch.expected, *g.first_mismatch.found) if c.user_frame][:max_ranks]
     return out + [f"flight recorder: {n}" for n in f.notes]
 
 

@@ -6,6 +6,7 @@ dump itself; pardiag's collector writes it when a rank fails."""
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 from typing import Any
@@ -213,3 +214,23 @@ def test_an_older_hang_block_reads_without_the_new_fields() -> None:
                     "collect_next": []}}
     h = hang_from_dict(upgrade_blocks(old)["hang"])
     assert h.flight is None and h.sources == ["pardiag"] and h.summary == "rank(s) 0 timed out"
+
+
+@pytest.mark.parametrize("fmt", ["md", "text", "html"])
+def test_every_renderer_shows_the_flight_recorder_verdict(tmp_path: Path, fmt: str) -> None:
+    from factories import analysis, rank
+
+    from pardiag.analysis import from_dict
+    from pardiag.renderers import render
+
+    a_ = [*healthy(2), entry(3, state="started")]
+    b_ = [*healthy(2), entry(3, op="barrier", sizes=(), state="started")]
+    h = with_flight_recorder(diagnose(EXITS, {0: 2, 1: 3, 2: 2}, 3),
+                             analyze_flight_dir(write(tmp_path, {0: dump(a_, 2), 1: dump(b_, 2)}), 2))
+    a = from_dict(json.loads(analysis([rank(0), rank(1)], hang=h).to_json()))  # through analysis.json
+    assert a.hang == h
+    out = " ".join(render(a, fmt).split()).replace("\\", "").replace("&#35;", "#").replace("&#39;", "'")
+    assert "collective #3 of process group 0 is COLLECTIVE_TYPE_MISMATCH: rank 0 called all_reduce of [[16]] Float, " \
+           "rank 1 called barrier" in out
+    assert "rank 1 last completed #2 all_reduce, last entered #3 barrier (started)" in out
+    assert "rank 1 called barrier at train_step (/job/train.py:42)" in out
