@@ -231,14 +231,18 @@ def match_state(a: Entry, b: Entry, pg_size: int) -> tuple[str, str]:
     return "FULLY_MATCHED", ""
 
 
+def _has_size(sizes: Sequence[Sequence[int]]) -> bool:
+    """torch tests a call's first size for emptiness before comparing its dtypes."""
+    return bool(sizes and sizes[0])
+
+
 def _dtype_mismatch(a: Entry, b: Entry) -> bool:
     """torch types.Op.dtype_mismatch: in/out dtypes of one call, inputs and outputs across ranks."""
     ai, ao, bi, bo = set(a.input_dtypes), set(a.output_dtypes), set(b.input_dtypes), set(b.output_dtypes)
-    has = (lambda s: bool(s and s[0]))  # noqa: E731 - torch tests the first size for emptiness
     return bool(
-        (a.kind not in ("scatter", "gather", "broadcast") and ai != ao and has(a.input_sizes) and has(a.output_sizes))
-        or (a.kind not in ("scatter", "broadcast") and ai != bi and has(a.input_sizes) and has(b.input_sizes))
-        or (a.kind != "gather" and ao != bo and has(a.output_sizes) and has(b.output_sizes))
+        (a.kind not in ("scatter", "gather", "broadcast") and ai != ao and _has_size(a.input_sizes) and _has_size(a.output_sizes))
+        or (a.kind not in ("scatter", "broadcast") and ai != bi and _has_size(a.input_sizes) and _has_size(b.input_sizes))
+        or (a.kind != "gather" and ao != bo and _has_size(a.output_sizes) and _has_size(b.output_sizes))
     )
 
 
