@@ -240,8 +240,10 @@ def _dtype_mismatch(a: Entry, b: Entry) -> bool:
     """torch types.Op.dtype_mismatch: in/out dtypes of one call, inputs and outputs across ranks."""
     ai, ao, bi, bo = set(a.input_dtypes), set(a.output_dtypes), set(b.input_dtypes), set(b.output_dtypes)
     return bool(
-        (a.kind not in ("scatter", "gather", "broadcast") and ai != ao and _has_size(a.input_sizes) and _has_size(a.output_sizes))
-        or (a.kind not in ("scatter", "broadcast") and ai != bi and _has_size(a.input_sizes) and _has_size(b.input_sizes))
+        (a.kind not in ("scatter", "gather", "broadcast") and ai != ao
+         and _has_size(a.input_sizes) and _has_size(a.output_sizes))
+        or (a.kind not in ("scatter", "broadcast") and ai != bi
+            and _has_size(a.input_sizes) and _has_size(b.input_sizes))
         or (a.kind != "gather" and ao != bo and _has_size(a.output_sizes) and _has_size(b.output_sizes))
     )
 

@@ -165,7 +165,9 @@ def with_flight_recorder(hang: Hang | None, flight: FlightRecord | None) -> Hang
         return replace(hang, sources=hang.sources or [hang.source]) if hang else None
     culprit = next((g for g in flight.groups if g.first_mismatch), None)
     if culprit is None:
-        return replace(hang, flight=flight, sources=[*(hang.sources or [hang.source]), "flight_recorder"]) if hang else None
+        if hang is None:
+            return None
+        return replace(hang, flight=flight, sources=[*(hang.sources or [hang.source]), "flight_recorder"])
     m = culprit.first_mismatch
     assert m is not None
     said = flight_words(flight)

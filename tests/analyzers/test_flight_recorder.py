@@ -161,10 +161,10 @@ def test_restricted_unpickler_never_runs_a_global() -> None:
 
 # --------------------------------------------------------------------------- the merged verdict
 
-EXITS = {0: {"status": "exception", "type": "RuntimeError", "step": 3,
-             "message": "[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation to complete"},
-         1: {"status": "running", "step": 3}, 2: {"status": "exception", "type": "RuntimeError", "step": 3,
-             "message": "[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation to complete"}}
+TIMED_OUT = "[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation to complete"
+EXITS = {0: {"status": "exception", "type": "RuntimeError", "step": 3, "message": TIMED_OUT},
+         1: {"status": "running", "step": 3},
+         2: {"status": "exception", "type": "RuntimeError", "step": 3, "message": TIMED_OUT}}
 
 
 def test_flight_recorder_decides_the_verdict_and_keeps_the_exits(tmp_path: Path) -> None:
