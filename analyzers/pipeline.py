@@ -224,6 +224,11 @@ def analyze_path(
         notices.append(Notice("warning", f"clocks differ by up to {max(abs(v) for v in offsets.values()) / 1e6:.1f} s between ranks; measured from collective end times (run.clock_offsets_us). pardiag compares durations across ranks, never clock times, so its figures do not depend on them"))
     hta = _hta(inputs, summaries, notices) if use_hta else None
     nccl, nccl_report = _nccl(run, nccl_logs, world, notices)
+    if run is not None:  # the flight recorder's dumps join the verdict (of the exits, else NCCL's)
+        from pardiag.analyzers.hang import flight_recorder_verdict
+
+        hang, fr_notes = flight_recorder_verdict(hang or (nccl.hang if nccl else None), run.flight_dir, world)
+        notices += [Notice("warning", n) for n in fr_notes]
     telemetry = _telemetry(run, notices) if run is not None else None
     from pardiag.analyzers.rules import advise
     from pardiag.analyzers.summary import build_summary, inflation_words

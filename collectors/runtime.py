@@ -356,6 +356,12 @@ class Collector:
                 "message": safe_redact(str(value)[:2000]),
                 "step": self.step,
             }
+            if "torch.distributed" in sys.modules:  # the collectives this rank issued, as it failed
+                from pardiag.collectors.flight_dump import dump_on_failure
+
+                rank = (self.rank_info or resolve_rank(os.environ))["rank"]
+                if rank is not None:
+                    dump_on_failure(self.run, int(rank))
         except Exception:
             pass
         self._previous_excepthook(etype, value, tb)

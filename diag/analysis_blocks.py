@@ -12,7 +12,10 @@ A hang has one type, `Hang`, whichever diagnosed it: pardiag's own records
 the NCCL logs (`source: "nccl"`, stored in `nccl.hang`: PyTorch's watchdog lines).
 Both fill the common fields every reader shows (summary, step when known, the ranks
 that waited with their op, the ranks that never arrived with why, what to collect
-next); the NCCL-only parts are None for pardiag's.
+next); the NCCL-only parts are None for pardiag's. When the run's `flight/` folder holds
+flight-recorder dumps, `flight` carries what they say (analyzers/flight_recorder.py) and the
+verdict is merged: `source` names the evidence that decided it (`"flight_recorder"` when the
+dumps name a culprit) and `sources` every one that was read.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, Mapping, Sequence
 
-HangSource = Literal["pardiag", "nccl"]
+HangSource = Literal["pardiag", "nccl", "flight_recorder"]
 HangKind = Literal["collective_stuck", "desync"]
 
 
@@ -104,6 +107,104 @@ class CollLaggard:
 
 
 @dataclass(frozen=True)
+class FlightCall:
+    """Flight recorder: one collective as one rank recorded it."""
+
+    seq: int  # collective_seq_id (p2p_seq_id for send/recv), per process group, from 1
+    op: str  # "all_reduce", "barrier", "send 0->1"
+    state: str  # "completed", or c10d's state when not known to be ("scheduled", "started")
+    input_sizes: list[list[int]] = field(default_factory=list)
+    output_sizes: list[list[int]] = field(default_factory=list)
+    input_dtypes: list[str] = field(default_factory=list)
+    output_dtypes: list[str] = field(default_factory=list)
+    frames: list[str] = field(default_factory=list)  # "function (file:line)", innermost first
+    timeout_ms: int | None = None
+    rank: int | None = None
+    user_frame: str | None = None  # the innermost frame outside torch: where the job made the call
+
+
+@dataclass(frozen=True)
+class FlightRank:
+    """Flight recorder: one rank's last completed and last entered collective in a group."""
+
+    rank: int
+    last_completed: FlightCall | None
+    last_entered: FlightCall | None
+
+
+@dataclass(frozen=True)
+class FlightMismatch:
+    """Flight recorder: the first collective the ranks of a group disagree on. `match_state`
+    is torch fr_trace's MatchState name (COLLECTIVE_TYPE_MISMATCH, SIZE_OR_SYNTAX_MISMATCH,
+    COLLECTIVE_DTYPE_MISMATCH, COLLECTIVE_STATE_MISMATCH), or MISSING_RANKS when some ranks
+    never entered it."""
+
+    seq: int
+    match_state: str
+    reference_rank: int
+    culprit_ranks: list[int]
+    expected: FlightCall  # the reference rank's call
+    found: list[FlightCall] = field(default_factory=list)  # the culprits' calls (rank set)
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class FlightGroup:
+    """Flight recorder: one process group across the dumps."""
+
+    process_group: str
+    ranks: list[int]
+    dumped_ranks: list[int]
+    missing_dumps: list[int]
+    last: list[FlightRank]
+    first_mismatch: FlightMismatch | None
+    culprit_ranks: list[int]
+    never_arrived: list[int]
+    stuck_frames: list[str] = field(default_factory=list)  # the stuck call's Python frames
+    stuck_user_frame: str | None = None  # the innermost of them outside torch
+
+
+@dataclass(frozen=True)
+class FlightRecord:
+    """What the run's flight-recorder dumps say; `notes` name every file or rank left out."""
+
+    summary: str
+    files: list[str]
+    ranks_dumped: list[int]
+    missing_ranks: list[int]
+    version: str | None
+    groups: list[FlightGroup]
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _call(d: Mapping[str, Any] | None) -> FlightCall | None:
+    return FlightCall(**_known(FlightCall, d)) if d else None
+
+
+def flight_from_dict(d: Mapping[str, Any] | None) -> FlightRecord | None:
+    if not d:
+        return None
+    groups = []
+    for g in d.get("groups") or ():
+        x = _known(FlightGroup, g)
+        x["last"] = [FlightRank(rank=int(r["rank"]), last_completed=_call(r.get("last_completed")),
+                                last_entered=_call(r.get("last_entered"))) for r in g.get("last") or ()]
+        m = g.get("first_mismatch")
+        if m:
+            m2 = _known(FlightMismatch, m)
+            m2["expected"] = _call(m["expected"])
+            m2["found"] = [_call(c) for c in m.get("found") or ()]
+            x["first_mismatch"] = FlightMismatch(**m2)
+        groups.append(FlightGroup(**x))
+    f = _known(FlightRecord, d)
+    f["groups"] = groups
+    return FlightRecord(**f)
+
+
+@dataclass(frozen=True)
 class Hang:
     """Who timed out in which collective and who never arrived; see the module docstring."""
 
@@ -124,6 +225,9 @@ class Hang:
     flight_recorder: list[str] | None = None
     env: dict[str, str] | None = None
     doc: str | None = None
+    # the flight-recorder dumps (None: none in the run) and every source read for the verdict
+    flight: FlightRecord | None = None
+    sources: list[HangSource] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -143,6 +247,8 @@ def hang_from_dict(d: Mapping[str, Any]) -> Hang:
         h["coll_laggards"] = [CollLaggard(**_known(CollLaggard, c)) for c in d["coll_laggards"]]
     if d.get("env") is not None:
         h["env"] = dict(d["env"])
+    h["flight"] = flight_from_dict(d.get("flight"))
+    h["sources"] = [str(x) for x in d.get("sources") or ()]
     return Hang(**h)
 
 
@@ -366,6 +472,8 @@ def _upgrade_hang(d: Mapping[str, Any], source: HangSource) -> dict[str, Any]:
         h["waited"] = [asdict(w) for w in nccl_waited(stuck)]
         h["late"] = [asdict(x) for x in nccl_late(groups, h.get("never_arrived"))]
     h.setdefault("summary", "the job hung")
+    h.setdefault("sources", [h["source"]])  # before the flight recorder was read
+    h.setdefault("flight", None)
     return h
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from pardiag.analysis import Analysis, Collective, Finding, GpuTime, Notice, RankResult, StepPercentiles, Straggler
-from pardiag.analysis_blocks import Hang, HangLate, HangWait, WhatIf
+from pardiag.analysis_blocks import FlightCall, Hang, HangLate, HangWait, WhatIf
 from pardiag.analyzers.steps import percentile
 from pardiag.manifest import rank_ranges
 from pardiag.style import CATEGORY_LABELS
@@ -30,7 +30,7 @@ __all__ = [
     "ordered_findings", "ordered_stragglers", "ordered_collectives", "ordered_notices",
     "Headline", "headline", "step_words", "exposed_words", "job_step_words", "no_straggler_words",
     "RANK_VALUE_HEADER", "rank_cells", "percentile_rows", "gpu_split",
-    "job_hang", "hang_wait_words", "hang_late_words",
+    "job_hang", "hang_wait_words", "hang_late_words", "hang_flight_lines",
     "Factor", "Estimate", "estimate_of", "factor_words", "estimate_words", "what_if_method_words", "what_if_words",
     "CriticalPath", "critical_path_of", "critical_path_rows", "critical_path_words",
 ]
@@ -297,6 +297,28 @@ def hang_wait_words(w: HangWait, limit: int = 120) -> str:
 def hang_late_words(x: HangLate) -> str:
     """One rank that never arrived, and why it is named."""
     return f"rank {x.rank} {x.reason}"
+
+
+def _fr_call(c: FlightCall | None) -> str:
+    return "none" if c is None else f"#{c.seq} {c.op}" + (f" ({c.state})" if c.state != "completed" else "")
+
+
+def hang_flight_lines(h: Hang, max_ranks: int = 8) -> list[str]:
+    """What the flight-recorder dumps add to a hang: per rank of the group they blame (else
+    the first group), the last collective it completed and the last it entered; where the
+    culprits called it; the files or ranks the dumps left out. Empty without dumps."""
+    f = h.flight
+    if f is None:
+        return []
+    g = next((g for g in f.groups if g.first_mismatch), f.groups[0] if f.groups else None)
+    out = []
+    if g is not None:
+        out += [f"flight recorder, process group {g.process_group}: rank {x.rank} last completed "
+                f"{_fr_call(x.last_completed)}, last entered {_fr_call(x.last_entered)}" for x in g.last[:max_ranks]]
+        if g.first_mismatch is not None:
+            out += [f"rank {c.rank} called {c.op} at {c.user_frame}"
+                    for c in (g.first_mismatch.expected, *g.first_mismatch.found) if c.user_frame][:max_ranks]
+    return out + [f"flight recorder: {n}" for n in f.notes]
 
 
 # -- where an estimate comes from, and the critical path ---------------------------------------

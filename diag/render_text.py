@@ -19,6 +19,7 @@ from pardiag.display import (
     op_text,
     action_env_text,
     exposed_words,
+    hang_flight_lines,
     hang_late_words,
     hang_wait_words,
     headline,
@@ -172,6 +173,8 @@ def print_summary(a: Analysis, console: Console | None = None, next_for: str | N
             console.print(Text(f"  {hang_wait_words(w)}", style="red"))
         for x in hang.late:
             console.print(Text(f"  {hang_late_words(x)}", style="red"))
+        for line in hang_flight_lines(hang):
+            console.print(Text(f"  {line}", style="red"))
         for line in hang.collect_next[:3]:
             console.print(Text(f"  next: {line}", style="dim"))
     if a.nccl:

@@ -23,7 +23,7 @@ from plotly.offline import get_plotlyjs
 
 from pardiag import style
 from pardiag.analysis import Analysis, Collective, Finding, RankResult
-from pardiag.analysis_blocks import Telemetry
+from pardiag.analysis_blocks import Hang, Telemetry
 from pardiag.display import (
     over_time_lines,
     critical_path_of,
@@ -38,7 +38,11 @@ from pardiag.display import (
     clip,
     fact_text,
     gpu_split,
+    hang_flight_lines,
+    hang_late_words,
+    hang_wait_words,
     headline,
+    job_hang,
     job_step_words,
     ms,
     ordered_collectives,
@@ -478,7 +482,16 @@ def _context(a: Analysis) -> dict[str, Any]:
         "extra": [(name, title, facts) for name, title, d in extra if (facts := generic_facts(d))],
         "charts": figures(a),
         "over_time": over_time_lines(a),
+        "hang": job_hang(a), "hang_lines": _hang_lines(job_hang(a)),
     }
+
+
+def _hang_lines(h: Hang | None) -> list[str]:
+    """The ranks that waited, the ones that never arrived, and what the flight recorder adds."""
+    if h is None:
+        return []
+    return ([hang_wait_words(w) for w in h.waited[:8]] + [hang_late_words(x) for x in h.late[:8]]
+            + hang_flight_lines(h))
 
 
 def _environment() -> jinja2.Environment:

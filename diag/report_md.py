@@ -23,6 +23,7 @@ from pardiag.display import (
     action_env_text,
     clip,
     exposed_words,
+    hang_flight_lines,
     hang_late_words,
     hang_wait_words,
     headline,
@@ -114,6 +115,7 @@ def _hang_lines(a: Analysis) -> list[str]:
     out = ["### Hang", "", f"**{md_text(h.summary, 400)}**", ""]
     out += [f"- {md_text(hang_wait_words(w))}" for w in h.waited[:MAX_HANG_RANKS]]
     out += [f"- {md_text(hang_late_words(x))}" for x in h.late[:MAX_HANG_RANKS]]
+    out += [f"- {md_text(line, 300)}" for line in hang_flight_lines(h, MAX_HANG_RANKS)]
     more = max(0, len(h.waited) - MAX_HANG_RANKS) + max(0, len(h.late) - MAX_HANG_RANKS)
     if more:
         out.append(f"- … and {more} more ranks in the full report")

@@ -221,6 +221,10 @@ class RunDir:
         """Prefix PyTorch appends the rank to when it dumps its flight recorder."""
         return self.flight_dir / "rank_"
 
+    def flight_dump(self, rank: int) -> Path:
+        """One rank's flight-recorder dump, where PyTorch writes it (`flight_prefix` + rank)."""
+        return self.flight_dir / f"rank_{rank}"
+
     def nccl_log_pattern(self) -> str:
         """NCCL_DEBUG_FILE value: NCCL expands %h to the host name and %p to the pid."""
         return str(self.nccl_dir / "%h.%p.log")
@@ -268,6 +272,23 @@ def atomic_write_text(path: Path, text: str, durable: bool = True) -> None:
             f.flush()
             if durable:
                 os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """`atomic_write_text` for bytes (a flight-recorder dump), without the fsync."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         try:

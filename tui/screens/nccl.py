@@ -17,7 +17,7 @@ from textual.widgets import Static
 from pardiag import style
 from pardiag.analysis import Analysis
 from pardiag.analysis_blocks import Hang, HangWait, NcclSummary, StuckRank
-from pardiag.display import action_env_text, ordered_findings
+from pardiag.display import action_env_text, hang_flight_lines, ordered_findings
 from pardiag.tui import format as fmt
 from pardiag.tui.screens.base import PardiagScreen
 from pardiag.tui.widgets.drawn import Drawn
@@ -109,6 +109,8 @@ def hang(h: Hang) -> RenderableType:
         parts += [Text("where each rank stopped", style="bold"), _ranks_table(h.ranks_stuck)]
     elif h.waited:
         parts += [Text("where each rank stopped", style="bold"), _waited_table(h.waited)]
+    if h.flight is not None:
+        parts += [Text("flight recorder", style="bold"), *(Text(line) for line in hang_flight_lines(h))]
     if h.collect_next:
         parts.append(Text("collect next", style="bold"))
         bullets = Table.grid(padding=(0, 1))
