@@ -11,6 +11,7 @@ except ImportError:  # run as a script: torchrun .../<name>.py
 
 # The finding's advice: balance the tokens per rank (here: both shards at 128 tokens).
 FIX = {"long_factor": 1}
+DATA_KEYS = ("long_factor",)  # settings of this scenario's data, taken out before train()
 
 if __name__ == "__main__":
     a = args()
