@@ -5,6 +5,8 @@ back. Everything that is missing or odd becomes a notice, never an exception.
 
 from __future__ import annotations
 
+import json
+
 import os
 import re
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -210,6 +212,7 @@ def analyze_path(
         if hang:
             notices.append(Notice("error", f"hang: {hang.summary}"))
     stragglers = find_stragglers(evidence)
+    second = _extra_window(run, inputs, step_records, metas, ranks, jobs, notices) if run is not None else None
     over_time = None
     if run is not None:
         from pardiag.analyzers import temporal, temporal_rules
@@ -251,6 +254,7 @@ def analyze_path(
         notices=notices,
         summary=summary,
         temporal=over_time.to_dict() if over_time is not None else None,
+        extra_window=second,
     ), nccl=nccl_report, telemetry=telemetry)
     return _estimates(advised, inputs, step_records, run, notices)
 
@@ -394,6 +398,42 @@ def _manifest(run: rundir.RunDir, notices: list[Notice]) -> dict[str, Any]:
             raise UserError(str(e)) from None
         notices.append(Notice("warning", f"no usable manifest ({e}); the run may still be going or was killed"))
         return {}
+
+
+def _extra_window(run: rundir.RunDir, inputs: Sequence[RankInput], step_records: Mapping[int, Sequence[StepRecord]],
+                  metas: Mapping[int, RankMeta], first: Sequence[RankResult], jobs: int | None,
+                  notices: list[Notice]) -> dict[str, Any] | None:
+    """The extra window recorded on a slowdown (trace-2 of each rank), against the
+    first (analyzers/extra_window.py); None without one. Its failure is a notice."""
+    from pardiag.analyzers import extra_window
+
+    found = []
+    for i in inputs:
+        path, complete = run.find_trace(i.rank, 2)
+        if path is not None:
+            found.append(RankInput(i.rank, path, complete))
+    if not found:
+        return None
+    try:
+        summaries = _summarise_all(found, jobs, None, None)
+        traces = {r: s.result for r, s in summaries.items() if s.result is not None}
+        matched = match({r: t.collectives for r, t in traces.items()})
+        second = [_rank_result(i, step_records.get(i.rank, []), summaries.get(i.rank), metas.get(i.rank),
+                               matched.wait_by_rank_us, matched.transfer_by_rank_us) for i in found]
+        raw = {}
+        for i in found:
+            try:
+                doc = json.loads(run.meta(i.rank).read_text())
+                raw[i.rank] = (doc.get("profiler_extra") or [{}])[0]
+            except (OSError, ValueError, AttributeError, IndexError):
+                raw[i.rank] = {}
+        block = extra_window.compare(first, second, raw)
+    except Exception as e:  # the extra window must not take the analysis down
+        notices.append(Notice("warning", f"the second profiler window could not be analysed: {type(e).__name__}: {e}"))
+        return None
+    if block is not None and (said := extra_window.words(block)):
+        notices.append(Notice("info", said))
+    return block
 
 
 def _meta(run: rundir.RunDir | None, rank: int) -> RankMeta | None:

@@ -55,6 +55,7 @@ class CollectorConfig:
     with_stack: bool = False
     profile_memory: bool = False
     meta_sample_steps: int = 3  # steps during which forward hooks look at autocast
+    profile_on_slowdown: bool = True  # one more window when the job slows down (collectors/slowdown.py)
 
     def profiles_rank(self, rank: int) -> bool:
         return self.profile and (self.ranks is None or rank in self.ranks)

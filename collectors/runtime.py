@@ -22,6 +22,7 @@ import threading
 import time
 import traceback
 import weakref
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from pardiag.collectors.bootstrap import ENV_RUN_DIR, _PostImportFinder
 from pardiag.collectors.config import CollectorConfig
 from pardiag.collectors.framework import Framework, minor_faults
 from pardiag.collectors.host_signals import HostProbe
+from pardiag.collectors.slowdown import SlowdownWatch
 from pardiag.collectors.profiler import ProfilerWindow, cuda_in_use
 
 RANK_VARS = (
@@ -105,6 +107,9 @@ class Collector:
         self.rank_info: dict[str, Any] | None = None
         self.steps_out: rundir.StepsWriter | None = None
         self.window: ProfilerWindow | None = None
+        self.extra_window: ProfilerWindow | None = None  # recorded when the job slowed down
+        self.watch: SlowdownWatch | None = None
+        self._watch_failed = False
         self.explicit_steps = False
         self.lead_optimizer: weakref.ref[Any] | None = None
         self.opt_t0: int | None = None
@@ -254,6 +259,10 @@ class Collector:
                     rec[key] = getattr(c, counter) / per if per else getattr(c, counter)
             if self.window is not None:
                 ph = self.window.phase_of(self.step)
+                if not ph and self.extra_window is not None:
+                    ph = self.extra_window.phase_of(self.step)
+                    if ph:
+                        rec["window"] = 2
                 if ph:
                     rec["profiler"] = ph
             fw.backwards_per_step.append(c.backwards)
@@ -272,6 +281,12 @@ class Collector:
                 self.window.on_boundary(self.step)
                 if was_running and self.window.state != "running":
                     self.write_meta()  # window closed: record what it captured
+                if not self._watch_failed:
+                    try:
+                        self._watch(rec)
+                    except Exception as e:  # the step boundary's own bookkeeping goes on
+                        self._watch_failed = True
+                        self._error("slowdown", e)
             if self.step == self.cfg.meta_sample_steps:
                 self.write_meta()
             # The step ends now; what pardiag does at the boundary (opening or closing
@@ -279,6 +294,30 @@ class Collector:
             # is reported in its `pardiag_us`, so analyses can tell it apart.
             self.prev_end_ns = now
             self.boundary_ns = time.perf_counter_ns() - now
+
+    def _watch(self, rec: dict[str, Any]) -> None:
+        """After the first window: watch for a slowdown and run the extra window."""
+        w = self.window
+        if w is None or w.state in ("pending", "running") or not self.cfg.profile_on_slowdown:
+            return
+        if self.extra_window is not None:
+            was_running = self.extra_window.state == "running"
+            self.extra_window.on_boundary(self.step)
+            if was_running and self.extra_window.state != "running":
+                self.write_meta()
+            return
+        if self.watch is None:
+            self.watch = SlowdownWatch(self._error)
+        counts = "profiler" not in rec and rec["pardiag_us"] < step_records.DISTURBED_US
+        start = self.watch.on_step(rec["step"], rec.get("dur_us"), counts)
+        if start is None or self.rank_info is None:
+            return
+        rank = self.rank_info["rank"]
+        sched = replace(self.cfg.schedule, wait=max(start, self.step))
+        self.extra_window = ProfilerWindow(replace(self.cfg, schedule=sched), self.run.trace(rank, 2),
+                                           self.run.partial_trace(rank, 2), use_cuda=self.window.use_cuda,
+                                           on_error=self._error)
+        self.extra_window.on_boundary(self.step)
 
     def _start(self) -> None:
         info = resolve_rank(os.environ)
@@ -323,6 +362,12 @@ class Collector:
         doc.update(self.framework.facts())
         if self.window is not None:
             doc["profiler"] = self.window.status()
+        if self.watch is not None or self.extra_window is not None:
+            extra = self.extra_window.status() if self.extra_window is not None else {"status": "not needed"}
+            if self.watch is not None:
+                extra["trigger"] = self.watch.trigger
+                extra["watch_stopped"] = self.watch.off
+            doc["profiler_extra"] = [extra]
         else:
             rank = info.get("rank")
             doc["profiler"] = {
@@ -374,6 +419,8 @@ class Collector:
                 self.exit_info = {"status": "exited", "step": self.step}
             if self.window is not None:
                 self.window.finish()
+            if self.extra_window is not None:
+                self.extra_window.finish()
             if self.steps_out is not None:
                 self.steps_out.close()
             self.write_meta()

@@ -279,6 +279,10 @@ class Analysis:
     # the whole run over time from steps.jsonl (analyzers/temporal.py `Temporal.to_dict`):
     # steps, job_step_us, change_points, spikes, periodic, warmup, windows, late_us, last_rank
     temporal: dict[str, Any] | None = None
+    # the extra profiler window a slowdown triggered, against the first
+    # (analyzers/extra_window.py): steps, first_step, trigger, ranks (per rank step_us,
+    # breakdown_us and phases_us as [first, second] per profiled step), grew
+    extra_window: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         # An Analysis built without a summary (by hand, or a schema-1 file) gets the one
@@ -381,6 +385,7 @@ def from_dict(doc: Mapping[str, Any], source: str = "analysis") -> Analysis:
         summary=_summary(doc["summary"]) if "summary" in doc else None,  # None: computed from the ranks
         critical_path=dict(cp) if isinstance(cp := doc.get("critical_path"), Mapping) and cp else None,
         temporal=dict(tp) if isinstance(tp := doc.get("temporal"), Mapping) and tp else None,
+        extra_window=dict(xw) if isinstance(xw := doc.get("extra_window"), Mapping) and xw else None,
     )
     if v < 2:
         from pardiag.analyzers.summary import readvise

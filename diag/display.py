@@ -546,6 +546,11 @@ def over_time_lines(a: Analysis) -> list[str]:
         out.append(f"spike at step {s.get('step')}: +{ms(_num(s.get('excess_us')))} ({who(s)}{why(s)})")
     if len(rest) > MAX_SPIKES_SAID:
         out.append(f"and {len(rest) - MAX_SPIKES_SAID} more spikes")
+    if a.extra_window:
+        from pardiag.analyzers.extra_window import words
+
+        if (said := words(a.extra_window)) is not None:
+            out.append(said)
     w = t.get("warmup") or {}
     n, extra = _int(w.get("steps")), _num(w.get("extra_us"))
     if n and extra is not None:

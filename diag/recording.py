@@ -276,7 +276,7 @@ def compress_traces(run: rundir.RunDir, ranks: list[int]) -> None:
     """Compress the traces this host's ranks wrote (after the job: no cost to training)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    todo = [raw for r in ranks for raw in (run.trace(r), run.partial_trace(r)) if raw.is_file()]
+    todo = [raw for r in ranks for w in (1, 2) for raw in (run.trace(r, w), run.partial_trace(r, w)) if raw.is_file()]
     if not todo:
         return
     total = sum(p.stat().st_size for p in todo)

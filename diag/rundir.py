@@ -12,6 +12,7 @@ per-node directories from that list::
       launchers/<host>.<pid>.json   one record per `pardiag run` process (several nodes)
       ranks/<rank>/trace.json.gz    Kineto trace of the profiled window (trace.json until
                                     the launcher has compressed it)
+      ranks/<rank>/trace-2.json.gz  the extra window recorded when the job slowed down
       ranks/<rank>/steps.jsonl      one line per training step, every step (versioned per
                                     line; the format is `step_records`)
       ranks/<rank>/meta.json        what the rank used (DDP, FSDP, AMP, DataLoader, ...) and how
@@ -173,20 +174,21 @@ class RunDir:
     def rank_dir(self, rank: int) -> Path:
         return self.ranks_dir / str(rank)
 
-    def trace(self, rank: int) -> Path:
-        """Where a rank writes its complete trace (the launcher compresses it later)."""
-        return self.rank_dir(rank) / "trace.json"
+    def trace(self, rank: int, window: int = 1) -> Path:
+        """Where a rank writes its complete trace (the launcher compresses it later); an
+        extra window (``window`` 2, recorded when the job slowed down) beside it."""
+        return self.rank_dir(rank) / ("trace.json" if window == 1 else f"trace-{window}.json")
 
-    def partial_trace(self, rank: int) -> Path:
-        return self.rank_dir(rank) / "trace.partial.json"
+    def partial_trace(self, rank: int, window: int = 1) -> Path:
+        return self.rank_dir(rank) / ("trace.partial.json" if window == 1 else f"trace-{window}.partial.json")
 
-    def find_trace(self, rank: int) -> tuple[Path | None, bool]:
+    def find_trace(self, rank: int, window: int = 1) -> tuple[Path | None, bool]:
         """(the rank's trace file, whether its window is complete); compressed first."""
         for path, complete in (
-            (self.trace(rank).with_suffix(".json.gz"), True),
-            (self.trace(rank), True),
-            (self.partial_trace(rank).with_suffix(".json.gz"), False),
-            (self.partial_trace(rank), False),
+            (self.trace(rank, window).with_suffix(".json.gz"), True),
+            (self.trace(rank, window), True),
+            (self.partial_trace(rank, window).with_suffix(".json.gz"), False),
+            (self.partial_trace(rank, window), False),
         ):
             if path.is_file():
                 return path, complete

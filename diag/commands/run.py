@@ -39,6 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-shapes", action="store_true", help="do not record tensor shapes/dtypes: collectives then have no "
                    "bytes or bandwidth and matrix multiplies no shapes (saves a few percent of a profiled step on the "
                    "bundled example)")
+    p.add_argument("--no-profile-on-slowdown", action="store_true",
+                   help="do not record a second profiler window when a rank's step stays 1.3x over its median for "
+                        "3 steps after the first window (on by default: all ranks record the same steps, agreed "
+                        "through the job's rendezvous store, read once every 20 steps)")
     p.add_argument("--with-stack", action="store_true", help="record Python stacks (costly)")
     p.add_argument("--profile-memory", action="store_true", help="record allocations (costly)")
     p.add_argument("--no-nccl-log", action="store_true", help="do not set NCCL_DEBUG/NCCL_DEBUG_FILE")
@@ -104,4 +108,5 @@ def collector_config(args: argparse.Namespace) -> CollectorConfig:
         record_shapes=not args.no_shapes,
         with_stack=args.with_stack,
         profile_memory=args.profile_memory,
+        profile_on_slowdown=not getattr(args, "no_profile_on_slowdown", False),
     )

@@ -13,7 +13,7 @@ from pardiag.rundir import RunDir
 from factories import node_run as node, telemetry, write_lines
 
 NAMES = {e.name for e in rundir.ENTRIES}
-ARGS = {"rank": 0, "host": "node-a", "pid": 100, "stream": "stdout"}
+ARGS = {"rank": 0, "host": "node-a", "pid": 100, "stream": "stdout", "window": 2}  # window 2: the extra one
 
 
 def named_paths(run: RunDir) -> dict[str, Path]:
