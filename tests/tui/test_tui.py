@@ -140,6 +140,21 @@ async def test_hang_diagnosis_comes_first_on_comm_setup() -> None:
         assert "TORCH_NCCL_DUMP_ON_TIMEOUT=1" in text
 
 
+async def test_pardiags_own_hang_verdict_shows_without_nccl_logs() -> None:
+    # a gloo hang: the verdict from the ranks' exits (and flight recorder), no NCCL block
+    from dataclasses import replace
+
+    h = replace(nccl_hang("rank 1 never entered all_reduce #4 of group 0; rank 0 waited"), source="pardiag")
+    a = replace(gpu_fixture("a100-2rank-rank0", "08"), nccl=None, hang=h)
+    async with make_app(a).run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        assert "HANG rank 1 never entered all_reduce #4" in screen_text(pilot.app)  # the overview
+        await pilot.press("4")
+        await settle(pilot)
+        text = screen_text(pilot.app)
+        assert "rank 1 never entered all_reduce #4" in text and "where each rank stopped" in text
+
+
 async def test_nccl_hosts_and_env_problems() -> None:
     a = gpu_fixture("a100-2rank-rank0", "08")
     async with make_app(a).run_test(size=(160, 40)) as pilot:

@@ -17,7 +17,7 @@ from textual.widgets import Static
 from pardiag import style
 from pardiag.analysis import Analysis
 from pardiag.analysis_blocks import Hang, HangWait, NcclSummary, StuckRank
-from pardiag.display import action_env_text, hang_flight_lines, ordered_findings
+from pardiag.display import action_env_text, hang_flight_lines, job_hang, ordered_findings
 from pardiag.tui import format as fmt
 from pardiag.tui.screens.base import PardiagScreen
 from pardiag.tui.widgets.drawn import Drawn
@@ -166,8 +166,7 @@ class NcclScreen(PardiagScreen):
         a = self.analysis
         n = a.nccl
         with VerticalScroll(id="nccl-body"):
-            if n is not None and n.hang is not None:
-                h = n.hang
+            if (h := job_hang(a)) is not None:
                 yield Drawn(lambda w: hang(h), id="hang")
             yield Heading("NCCL communication setup", markup=False)
             if n is None:

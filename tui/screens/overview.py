@@ -17,6 +17,7 @@ from pardiag.display import (
     critical_path_of,
     critical_path_words,
     headline,
+    job_hang,
     job_step_words,
     no_straggler_words,
     ordered_findings,
@@ -86,7 +87,7 @@ def summary(a: Analysis) -> RenderableType:
                    if h.comm_exposed_transfer_share is not None else "")
         bits.append(f"exposed comm {fmt.pct(h.comm_exposed_share)}{without}")
     lines.append(Text(" · ".join(b for b in bits if b), style="bold"))
-    hang = a.nccl.hang if a.nccl is not None else None  # the one screen 4 shows
+    hang = job_hang(a)  # the one screen 4 shows: pardiag's merged verdict, else the NCCL logs'
     if hang is not None:
         red = style.SEVERITY_COLOURS["high"]
         lines.append(Text.assemble(("HANG", f"bold #ffffff on {red}"), " ",
