@@ -9,7 +9,8 @@ window, not disturbed by pardiag) is cut into segments of steady speed:
 * change points: binary segmentation on medians. A split of a segment is kept when both
   sides have at least ``MIN_SEGMENT`` steps, their medians differ by at least
   ``MIN_SHIFT`` of the earlier one, and by at least ``SIGMAS`` standard errors of that
-  difference (noise: 1.4826 x the median absolute deviation around each side's median;
+  difference (noise: 1.4826 x the median absolute deviation of consecutive differences
+  over sqrt 2, which a slowdown that came and went inside the segment does not inflate;
   a median's standard error 1.2533 sigma / sqrt(n)). At most ``MAX_CHANGES``.
   A change lasts to the run's end ("persistent") or to the next change.
 * spikes: steps at least ``SPIKE_SHARE`` of their segment's median and ``SIGMAS``
@@ -120,6 +121,13 @@ def _sigma(*segments: Sequence[float]) -> float:
     return 1.4826 * _med(dev)
 
 
+def _diff_sigma(xs: Sequence[float]) -> float:
+    """Robust noise from consecutive differences (1.4826 x their MAD / sqrt 2): level
+    shifts inside `xs` (a slowdown that came and went) barely move it."""
+    d = [b - a for a, b in zip(xs, xs[1:])]
+    return 1.4826 * _med([abs(x - _med(d)) for x in d]) / math.sqrt(2) if d else 0.0
+
+
 def _split(xs: Sequence[float]) -> tuple[int, float] | None:
     """The best split of xs in two (index of the second part's first value), when it is
     significant. Candidates by the drop in squared deviation from each part's mean over
@@ -145,7 +153,7 @@ def _split(xs: Sequence[float]) -> tuple[int, float] | None:
     a, b = xs[:best], xs[best:]
     ma, mb = _med(a), _med(b)
     shift = abs(mb - ma)
-    se = 1.2533 * _sigma(a, b) * math.sqrt(1 / len(a) + 1 / len(b))
+    se = 1.2533 * _diff_sigma(xs) * math.sqrt(1 / len(a) + 1 / len(b))
     if ma <= 0 or shift < MIN_SHIFT * ma or shift < SIGMAS * se:
         return None
     return best, shift

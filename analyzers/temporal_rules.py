@@ -24,14 +24,24 @@ def _temporal(ctx: RuleContext) -> dict[str, Any]:
 def late_straggler(ctx: RuleContext) -> list[Finding]:
     """A persistent change point that one rank's lateness explains, on a rank the
     whole-run straggler test did not name (its median over all steps hides a straggler
-    that started late). Saving: the steps after it back at the level before,
-    1 - before / after."""
+    that started late): persistent when no later level comes back halfway to the one
+    before it. A change of at least 10% of the new step, high at 25%. Saving: the steps
+    after it back at the level before, 1 - before / after (after: the lower of its own
+    level and the run's last one)."""
     named = {s.rank for s in ctx.analysis.stragglers}
     out = []
-    for c in _temporal(ctx).get("change_points", []):
+    changes = list(_temporal(ctx).get("change_points", []))
+    for i, c in enumerate(changes):
         rank, before, after = c.get("rank"), c.get("before_us") or 0.0, c.get("after_us") or 0.0
-        if rank is None or rank in named or c.get("until") is not None or after <= before or before <= 0:
+        if rank is None or rank in named or after <= before or before <= 0:
             continue
+        # persistent: no later level comes back halfway to the one before (a later split of
+        # the slow stretch, noise or another change on top, is still it); the saving is
+        # taken against the run's last level
+        later = changes[i + 1:]
+        if any((x.get("after_us") or 0.0) < before + 0.5 * (after - before) for x in later):
+            continue
+        after = min([after, *((x.get("after_us") or after) for x in later[-1:])])
         share = 1 - before / after
         if share < LATE_MIN:
             continue
@@ -92,11 +102,12 @@ def notices(temporal: dict[str, Any]) -> list[Notice]:
     pauses outside garbage collection, the warm-up."""
     out = []
     for c in temporal.get("change_points", []):
-        if c.get("rank") is not None:
-            continue
+        if c.get("rank") is not None and c.get("until") is None:
+            continue  # a late straggler's finding says it
         until = f" to step {c['until']}" if c.get("until") is not None else " to the run's end"
+        who = f"with rank {c['rank']} holding the others back" if c.get("rank") is not None else "on all ranks"
         out.append(Notice("info", f"from step {c['step']}{until} the job's step was {c['after_us'] / 1000:.1f} ms "
-                                  f"(before: {c['before_us'] / 1000:.1f} ms) on all ranks"
+                                  f"(before: {c['before_us'] / 1000:.1f} ms) {who}"
                                   + (f"; what grew: {c['cause']}" if c.get("cause") else "")))
     for p in temporal.get("periodic", []):
         if (p.get("cause") or "").startswith("garbage collection"):

@@ -142,3 +142,25 @@ def test_periodic_garbage_collection_is_a_finding_and_a_checkpoint_a_notice() ->
     (n,) = notices(ckpt.to_dict())
     assert n.message.startswith("every 10 steps a 500 ms pause (all ranks; outside the timed phases") and \
         n.message.endswith("5 times")
+
+
+def test_a_late_straggler_split_in_two_levels_is_still_persistent() -> None:
+    # rank 1: +30 ms from step 40, +45 ms from step 50 (100 -> 130 -> 145 ms): two changes;
+    # the first is persistent (no later level back halfway to 100), the saving against
+    # the lower of its level and the last: 1 - 100 / 130
+    t = temporal.analyze(job(n=80, extra=lambda s, r: ({"fwd": 45} if s >= 50 else {"fwd": 30}) if s >= 40 and r == 1
+                             else None, noise=0.02))
+    assert t is not None and [c.step for c in t.changes] == [40, 50]
+    (f,) = [f for f in _advised(t).findings if f.lever == "straggler"]
+    c = t.changes[0]
+    assert f.title.startswith("from step 40 on, rank 1") and c.until == 49
+    assert f.est_saving_pct == pytest.approx(round(100 * (1 - c.before_us / c.after_us), 1))
+    # a slowdown that ends (back to 100 ms at step 60) is not a late straggler
+    ended = temporal.analyze(job(n=80, extra=lambda s, r: {"fwd": 30} if 40 <= s < 60 and r == 1 else None,
+                                 noise=0.02))
+    assert ended is not None and not [f for f in _advised(ended).findings if f.lever == "straggler"]
+    from pardiag.analyzers.temporal_rules import notices
+
+    said = [n.message for n in notices(ended.to_dict())]
+    assert said[0].startswith("from step 40 to step 59 the job's step was") and \
+        "with rank 1 holding the others back; what grew: forward" in said[0], said
