@@ -362,18 +362,18 @@ class Collector:
         doc.update(self.framework.facts())
         if self.window is not None:
             doc["profiler"] = self.window.status()
-        if self.watch is not None or self.extra_window is not None:
-            extra = self.extra_window.status() if self.extra_window is not None else {"status": "not needed"}
-            if self.watch is not None:
-                extra["trigger"] = self.watch.trigger
-                extra["watch_stopped"] = self.watch.off
-            doc["profiler_extra"] = [extra]
         else:
             rank = info.get("rank")
             doc["profiler"] = {
                 "status": "skipped",
                 "reason": "profiling is off" if not self.cfg.profile else f"rank {rank} not in --ranks",
             }
+        if self.watch is not None or self.extra_window is not None:
+            extra = self.extra_window.status() if self.extra_window is not None else {"status": "not needed"}
+            if self.watch is not None:
+                extra["trigger"] = self.watch.trigger
+                extra["watch_stopped"] = self.watch.off
+            doc["profiler_extra"] = [extra]
         doc["collectors"] = {
             "steps": {"status": "ok" if self.steps_out is not None else "failed"},
             "profiler": {"status": doc["profiler"]["status"], "reason": doc["profiler"].get("reason")},

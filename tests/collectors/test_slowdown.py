@@ -132,7 +132,10 @@ def test_a_job_that_slows_down_records_a_second_window_on_every_rank(tmp_path: P
     res = run_pardiag("run", "-q", "--out", str(out), "--", *torchrun(2, SCRIPTS / "slows_down.py"),
                       env={"STEPS": "90", "SLOW_FROM": str(slow_from)})
     assert res.returncode == 0, res.stderr[-2000:]
-    extra = {r: read_json(out / "ranks" / str(r) / "meta.json").get("profiler_extra") for r in (0, 1)}
+    metas = {r: read_json(out / "ranks" / str(r) / "meta.json") for r in (0, 1)}
+    # the first window's record is its own, whatever the extra one did
+    assert all(m["profiler"]["status"] == "ok" and m["profiler"]["steps_recorded"] == [7, 8, 9] for m in metas.values())
+    extra = {r: m.get("profiler_extra") for r, m in metas.items()}
     if slow_from == 1000:  # never slows: watched, nothing recorded
         assert all(e and e[0]["status"] == "not needed" for e in extra.values()), extra
         assert not list(out.glob("ranks/*/trace-2*"))
