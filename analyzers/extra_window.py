@@ -17,6 +17,7 @@ from pardiag.analysis import RankResult
 from pardiag.style import CATEGORY_LABELS
 
 TOP = 3  # the largest growths named
+NAMED = 0.05  # ... each at least this share of the second window's step
 
 
 def _per_step(r: RankResult, d: Mapping[str, float]) -> dict[str, float]:
@@ -47,8 +48,11 @@ def compare(first: Sequence[RankResult], second: Sequence[RankResult], meta: Map
     if not ranks:
         return None
     info = next((m for m in meta.values() if m), {})
+    steps2 = sorted(v["step_us"][1] for v in ranks.values())
+    floor = NAMED * steps2[len(steps2) // 2]
     top = [{"rank": r, "kind": kind, "what": k, "us": round(d, 1)}
-           for d, r, kind, k in sorted(grew, key=lambda g: (-g[0], g[1], g[3])) if d > 0 and kind == "category"][:TOP]
+           for d, r, kind, k in sorted(grew, key=lambda g: (-g[0], g[1], g[3]))
+           if d > 0 and d >= floor and kind == "category"][:TOP]
     return {"steps": list(info.get("steps_recorded") or []), "first_step": info.get("first_step"),
             "trigger": next((m.get("trigger") for m in meta.values() if m and m.get("trigger")), None),
             "ranks": ranks, "grew": top}

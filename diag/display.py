@@ -534,16 +534,16 @@ def over_time_lines(a: Analysis) -> list[str]:
             continue
         until = _int(c.get("until"))
         span = f"steps {step}-{until}" if until is not None else f"from step {step} on"
-        out.append(f"{span}: the step {ms(before)} → {ms(after)} ({who(c)}{why(c)})")
+        out.append(f"{span}: the step {ms(before)} → {ms(after)} ms ({who(c)}{why(c)})")
     for p in t.get("periodic") or []:
         every, excess = _int(p.get("every")), _num(p.get("excess_us"))
         if every is None or excess is None:
             continue
-        out.append(f"every {every} steps a {ms(excess, 0)} pause, {len(p.get('steps') or [])} times ({who(p)}{why(p)})")
+        out.append(f"every {every} steps a {ms(excess, 0)} ms pause, {len(p.get('steps') or [])} times ({who(p)}{why(p)})")
     periodic_steps = {s for p in t.get("periodic") or [] for s in (p.get("steps") or [])}
     rest = [s for s in t.get("spikes") or [] if s.get("step") not in periodic_steps and _num(s.get("excess_us"))]
     for s in sorted(rest, key=lambda s: -(_num(s.get("excess_us")) or 0.0))[:MAX_SPIKES_SAID]:
-        out.append(f"spike at step {s.get('step')}: +{ms(_num(s.get('excess_us')))} ({who(s)}{why(s)})")
+        out.append(f"spike at step {s.get('step')}: +{ms(_num(s.get('excess_us')))} ms ({who(s)}{why(s)})")
     if len(rest) > MAX_SPIKES_SAID:
         out.append(f"and {len(rest) - MAX_SPIKES_SAID} more spikes")
     if a.extra_window:
