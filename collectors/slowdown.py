@@ -21,7 +21,7 @@ from collections import deque
 from typing import Any, Callable
 
 SLOW_RATIO = 1.3
-SLOW_STEPS = 3
+SLOW_STEPS = 5
 BASELINE = 50
 MIN_BASELINE = 10
 POLL = 20

@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "bundled example)")
     p.add_argument("--no-profile-on-slowdown", action="store_true",
                    help="do not record a second profiler window when a rank's step stays 1.3x over its median for "
-                        "3 steps after the first window (on by default: all ranks record the same steps, agreed "
+                        "5 steps after the first window (on by default: all ranks record the same steps, agreed "
                         "through the job's rendezvous store, read once every 20 steps)")
     p.add_argument("--with-stack", action="store_true", help="record Python stacks (costly)")
     p.add_argument("--profile-memory", action="store_true", help="record allocations (costly)")
