@@ -181,8 +181,8 @@ def fault_words(inf: Inflation) -> str:
     if a is None or b is None or a < FAULTS_SAID * b or a - b < 1000:
         return ""
     return (f"; the process page-faulted {a:,.0f} times per profiled step against {b:,.0f} per unprofiled one "
-            "(steps.jsonl): profiling changed how the job's memory was reused, and the time of the operators "
-            "that touch fresh memory grew with it")
+            "(steps.jsonl): the profiler's own memory, or a change in how the job's memory is reused, which slows "
+            "the operators that touch fresh memory")
 
 
 ADJACENT_STEPS = 4  # counted steps on either side of the profiler window: its local baseline
