@@ -34,6 +34,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from pardiag import step_records
 from pardiag.step_records import StepRecord, counted
 
@@ -46,6 +48,10 @@ PERIODIC_MIN = 3
 WARMUP_OVER = 1.5
 EXPLAINS = 0.5
 MAX_BASE = 200  # ordinary steps a spike's cause is judged against
+STORED_STEPS = 4000  # a longer run's series is stored in buckets of steps (each its largest value)
+MAX_SPIKES = 200  # spikes stored (the first ones; periodic ones keep their period and count)
+STORED_RANKS = 32  # late_us is stored for the ranks the others waited for most
+EXACT_RANKS = 64  # up to this many ranks, each rank's lateness against the exact median of the others
 
 
 @dataclass(frozen=True)
@@ -94,20 +100,39 @@ class Temporal:
     last_rank: dict[int, int] = field(default_factory=dict)  # step -> the rank the others waited for most
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON block. Bounded whatever the run's length and size: the series in at
+        most STORED_STEPS points (buckets of consecutive steps, each at its first step
+        with its largest value), late_us for the STORED_RANKS ranks the others waited
+        for most, in the same buckets."""
+        steps, job = _bucketed(self.steps, self.job_us)
+        top = sorted(self.late_us, key=lambda r: -sum(max(v, 0.0) for v in self.late_us[r].values()))[:STORED_RANKS]
+        late = {}
+        for r in sorted(top):
+            d = self.late_us[r]
+            ks = sorted(d)
+            ks2, vs = _bucketed(ks, [d[k] for k in ks])
+            late[str(r)] = {str(k): round(v, 1) for k, v in zip(ks2, vs)}
         return {
-            "steps": self.steps, "job_step_us": [round(v, 1) for v in self.job_us],
+            "steps": steps, "job_step_us": [round(v, 1) for v in job],
             "change_points": [{"step": c.step, "until": c.until, "before_us": round(c.before_us, 1),
                                "after_us": round(c.after_us, 1), "rank": c.rank, "cause": c.cause}
                               for c in self.changes],
             "spikes": [{"step": s.step, "step_us": round(s.step_us, 1), "excess_us": round(s.excess_us, 1),
-                        "rank": s.rank, "cause": s.cause} for s in self.spikes],
-            "periodic": [{"every": p.every, "steps": p.steps, "excess_us": round(p.excess_us, 1), "rank": p.rank,
-                          "cause": p.cause} for p in self.periodic],
+                        "rank": s.rank, "cause": s.cause} for s in self.spikes[:MAX_SPIKES]],
+            "periodic": [{"every": p.every, "steps": p.steps[:MAX_SPIKES], "excess_us": round(p.excess_us, 1),
+                          "rank": p.rank, "cause": p.cause} for p in self.periodic],
             "warmup": {"steps": self.warmup_steps, "extra_us": round(self.warmup_us, 1)},
             "windows": [list(w) for w in self.windows],
-            "late_us": {str(r): {str(s): round(v, 1) for s, v in d.items()} for r, d in self.late_us.items()},
-            "last_rank": {str(s): r for s, r in self.last_rank.items()},
+            "late_us": late,
+            "last_rank": {str(s): r for s, r in list(self.last_rank.items())[-STORED_STEPS:]},
         }
+
+
+def _bucketed(steps: Sequence[int], values: Sequence[float]) -> tuple[list[int], list[float]]:
+    if len(steps) <= STORED_STEPS:
+        return list(steps), list(values)
+    k = -(-len(steps) // STORED_STEPS)
+    return ([steps[i] for i in range(0, len(steps), k)], [max(values[i:i + k]) for i in range(0, len(steps), k)])
 
 
 # ------------------------------------------------------------------------ statistics
@@ -117,15 +142,15 @@ def _med(xs: Sequence[float]) -> float:
 
 def _sigma(*segments: Sequence[float]) -> float:
     """Robust noise of values around their own segment's median (1.4826 x MAD)."""
-    dev = [abs(x - _med(seg)) for seg in segments for x in seg]
-    return 1.4826 * _med(dev)
+    dev = np.concatenate([np.abs(np.asarray(seg, float) - np.median(seg)) for seg in segments if len(seg)] or [[]])
+    return float(1.4826 * np.median(dev)) if len(dev) else 0.0
 
 
 def _diff_sigma(xs: Sequence[float]) -> float:
     """Robust noise from consecutive differences (1.4826 x their MAD / sqrt 2): level
     shifts inside `xs` (a slowdown that came and went) barely move it."""
-    d = [b - a for a, b in zip(xs, xs[1:])]
-    return 1.4826 * _med([abs(x - _med(d)) for x in d]) / math.sqrt(2) if d else 0.0
+    d = np.diff(np.asarray(xs, float))
+    return float(1.4826 * np.median(np.abs(d - np.median(d))) / math.sqrt(2)) if len(d) else 0.0
 
 
 def _split(xs: Sequence[float]) -> tuple[int, float] | None:
@@ -179,7 +204,9 @@ def change_indices(xs: Sequence[float]) -> list[int]:
 
 # ------------------------------------------------------------------------ the analysis
 def _lateness(records: Mapping[int, Sequence[StepRecord]]) -> dict[int, dict[int, float]]:
-    """Per rank and step: the others' median wait signal less its own (us)."""
+    """Per rank and step: the others' median wait signal less its own (us). With more
+    than ``EXACT_RANKS`` ranks the median over all ranks stands for the others' (one
+    value of many barely moves it)."""
     wait = next(s.name for s in step_records.SIGNALS if s.holds_wait)
     per: dict[int, dict[int, float]] = {}
     for r, recs in records.items():
@@ -187,10 +214,18 @@ def _lateness(records: Mapping[int, Sequence[StepRecord]]) -> dict[int, dict[int
     out: dict[int, dict[int, float]] = {r: {} for r in per}
     if len(per) < 2:
         return out
-    steps = set.intersection(*(set(d) for d in per.values()))
-    for s in steps:
-        for r in per:
-            out[r][s] = _med([per[o][s] for o in per if o != r]) - per[r][s]
+    steps = sorted(set.intersection(*(set(d) for d in per.values())))
+    if not steps:
+        return out
+    ranks = list(per)
+    w = np.array([[per[r][s] for s in steps] for r in ranks], float)  # rank x step
+    if len(ranks) <= EXACT_RANKS:
+        others = np.stack([np.median(np.delete(w, i, axis=0), axis=0) for i in range(len(ranks))])
+    else:
+        others = np.broadcast_to(np.median(w, axis=0), w.shape)
+    late = others - w
+    for i, r in enumerate(ranks):
+        out[r] = dict(zip(steps, late[i].tolist()))
     return out
 
 

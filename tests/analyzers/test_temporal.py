@@ -164,3 +164,25 @@ def test_a_late_straggler_split_in_two_levels_is_still_persistent() -> None:
     said = [n.message for n in notices(ended.to_dict())]
     assert said[0].startswith("from step 40 to step 59 the job's step was") and \
         "with rank 1 holding the others back; what grew: forward" in said[0], said
+
+
+def test_lateness_is_the_others_median_less_its_own() -> None:
+    # one step, three ranks waiting 50, 60 and 80 ms in backward: rank 0's others' median
+    # is 70 (late 20), rank 1's 65 (5), rank 2's 55 (-25: it waited for the others)
+    recs = {r: [parse({"v": 2, "step": 3, "dur_us": 100 * MS, "pardiag_us": 0.0, "bwd_us": w * MS})]
+            for r, w in ((0, 50), (1, 60), (2, 80))}
+    late = temporal._lateness(recs)
+    assert {r: late[r][3] for r in late} == pytest.approx({0: 20 * MS, 1: 5 * MS, 2: -25 * MS})
+
+
+def test_a_long_wide_run_is_stored_bounded() -> None:
+    # 40 ranks x 12,000 steps, a 15% slowdown on all ranks from step 6,000: found, and the
+    # block stays within its bounds (4,000 points per series, 32 ranks of lateness)
+    rng = random.Random(1)
+    recs = {r: [parse({"v": 2, "step": s, "pardiag_us": 0.0, "dur_us": (100 if s < 6000 else 115) * MS * (1 + rng.uniform(-.02, .02)),
+                       "bwd_us": 50 * MS * (1 + rng.uniform(-.1, .1))}) for s in range(12_000)] for r in range(40)}
+    t = temporal.analyze(recs)
+    assert t is not None and [c.step for c in t.changes] == [6000]
+    d = t.to_dict()
+    assert len(d["steps"]) == len(d["job_step_us"]) <= temporal.STORED_STEPS
+    assert len(d["late_us"]) == temporal.STORED_RANKS and all(len(v) <= temporal.STORED_STEPS for v in d["late_us"].values())
