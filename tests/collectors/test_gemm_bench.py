@@ -135,7 +135,11 @@ def test_a_sigterm_while_measuring_stops_it_and_still_returns(run: rundir.RunDir
     (other.rank_dir(0) / "trace.json").write_bytes(run.trace(0).read_bytes())
     timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
     before = signal.getsignal(signal.SIGTERM)
-    monkeypatch.setattr(measure, "GEMM_BUDGET_S", 60.0)  # it would run past the signal
+    # a measurement that runs past the signal whatever the machine: the real one can time
+    # this trace's few shapes in under the second the signal waits (it did, 1 run in 3)
+    slow = tmp_path / "slow_bench.py"
+    slow.write_text("import time\ntime.sleep(60)\n")
+    monkeypatch.setattr(measure, "_collector_file", lambda name: slow)
     monkeypatch.setattr(measure, "GEMM_TIMEOUT_S", 60.0)
     timer.start()
     try:

@@ -9,8 +9,11 @@ slow_rank` run 5 times (8 problem/fixed pairs): the measured saving ranged from 
 the fixed step under contention), a range of REPRODUCIBLE_PP points; two pairs of one
 invocation differed by up to 6.2. The estimate, which moves with the problem run it
 comes from, missed the median of two pairs by -1.9 to +1.1 points (one pair: -4.4 to
-+2.8). TOLERANCE_PP, the 5-point target, is above that, so a failure means the
-estimate or the measurement moved, not the machine.
++2.8) in those 5 invocations, and by -0.8, -0.8, -2.5, -3.8 and -5.9 in 5 more (one
+pair: down to -7.0; the last one in a clean-clone CI run, whose fixed steps ran at 1.8
+and 2.7 ms). So the test bounds the two-pair median by TEST_BOUND_PP, not by the
+5-point target (the benchmark's TARGET_PP): above every miss measured, far below
+what a broken estimate gives (the straggler kept: 90 points).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ sys.path.insert(0, str(REPO / "examples" / "scenarios"))
 import harness  # noqa: E402
 import whatif_accuracy as wa  # noqa: E402
 
-TOLERANCE_PP = 5.0  # |estimated - measured|: the target; the noise below is under it
+TEST_BOUND_PP = 7.5  # the two-pair median of the real pair below: above the misses measured (see the docstring)
 REPRODUCIBLE_PP = 7.6  # range of the straggler pair's measured saving over 8 recordings (docstring)
 
 
@@ -164,7 +167,7 @@ def test_the_straggler_estimate_matches_the_measured_saving(straggler_pairs: wa.
     assert s["method"] == ["replay", "replay"], s
     errors = [e for e in s["replay_error_pct"] if e is not None]
     assert len(errors) == 4 and max(errors) <= 8.0, s
-    assert abs(s["error_pp"]) <= TOLERANCE_PP, s
+    assert abs(s["error_pp"]) <= TEST_BOUND_PP, s
 
 
 @pytest.mark.slow
