@@ -199,6 +199,7 @@ def analyze_path(
             step_lengths_us={k: hi - lo for k, (lo, hi) in step_tiles(traces[r.rank].steps).items()}
             if r.rank in traces else {},
             host_gaps_us=traces[r.rank].host_gaps_us if r.rank in traces else {},
+            device_type=r.device_type,
         )
         for r in ranks
         if r.steps_profiled > 0 or run is not None

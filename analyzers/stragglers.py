@@ -85,6 +85,7 @@ class RankEvidence:
     step_waits_us: Mapping[int, float] = field(default_factory=dict)
     step_lengths_us: Mapping[int, float] = field(default_factory=dict)
     host_gaps_us: Mapping[str, float] = field(default_factory=dict)  # window total, by where in the step
+    device_type: str | None = None  # where its operators compute ("cpu", "cuda", ...)
 
     @property
     def window_step_us(self) -> float:
@@ -263,10 +264,11 @@ def find_stragglers(evidence: Mapping[int, RankEvidence]) -> list[Straggler]:
     for series in all_series:
         found = _judge(series, evidence)
         if found and series.source == "profiled window" and all_series[0].source == "steps.jsonl" \
-                and found[0].cause != "backward":
+                and (found[0].cause != "backward" or not _cpu_time_agrees(found[0], evidence)):
             # steps.jsonl timed that phase over every step and found no straggler: a
             # rank slower only in the few profiled steps (the profiler's own load) is
-            # not one. Only backward work hides from steps.jsonl (its wait is inside).
+            # not one. Only backward work hides from steps.jsonl (its wait is inside),
+            # and on CPUs not even that: the training thread's CPU time shows it.
             return []
         if found:
             records = {r: ev.step_records for r, ev in evidence.items() if ev.step_records}
@@ -327,6 +329,29 @@ def _judge(series: _Series, evidence: Mapping[int, RankEvidence]) -> list[Stragg
                                   f"{others_of[phase] / 1000:.1f} ms on the others (median; {table})")
     return [Straggler(rank=candidate, excess_us_per_step=extra_work, cause=cause,
                       evidence=evidence_lines, held_us_per_step=held)]
+
+
+CPU_AGREES = 0.5
+"""A straggler slow in backward in the profiled window only, on CPUs: its training
+thread's CPU time per step over every counted step (steps.jsonl) must exceed its peers'
+median by at least this share of the extra work the window shows."""
+
+
+def _cpu_time_agrees(s: Straggler, evidence: Mapping[int, RankEvidence]) -> bool:
+    """Whether steps.jsonl bears out a window's backward straggler: on CPUs its operators
+    run on the training thread, so work it does over every step shows in that thread's
+    CPU time (on a fp32 job on 2 cores, the profiler's 3 steps named rank 1 70.6 ms
+    slower in backward while the 20 steps outside them had its CPU time 3.8 ms above
+    rank 0's). Elsewhere (GPUs), or without the CPU time, the window stands."""
+    ev = evidence.get(s.rank)
+    if ev is None or ev.device_type != "cpu" or any(e.device_type != "cpu" for e in evidence.values()):
+        return True
+    cpu = {r: [v for rec in e.step_records if counted(rec) and (v := rec.get("cpu")) is not None]
+           for r, e in evidence.items()}
+    if any(len(v) < MIN_STEPS for v in cpu.values()):
+        return True
+    peers = _median([_median(v) for r, v in cpu.items() if r != s.rank])
+    return _median(cpu[s.rank]) - peers >= CPU_AGREES * s.excess_us_per_step
 
 
 def _host_where(candidate: int, evidence: Mapping[int, RankEvidence], deltas: Mapping[str, float]) -> str | None:

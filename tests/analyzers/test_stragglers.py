@@ -280,3 +280,30 @@ def test_a_rank_slow_only_while_profiled_is_no_straggler() -> None:
     plain = {r: replace(e, step_records=[]) for r, e in ev.items()}
     (s,) = find_stragglers(plain)
     assert (s.rank, s.cause) == (1, "forward")
+
+
+def _backward_window(cpu_ms: dict[int, float], device: str | None) -> dict[int, RankEvidence]:
+    """The window of the slow-backward test above (rank 1 30 ms longer in backward over
+    its 3 profiled steps), with each rank's training-thread CPU time per step over 21
+    steps in steps.jsonl and the ranks' device."""
+    recs = {r: [replace(x, signals={**x.signals, "cpu": cpu_ms[r] * MS})
+                for x in records(r, 21, data=1 * MS, fwd=10 * MS, bwd=45 * MS, opt=5 * MS)] for r in (0, 1)}
+    return {r: RankEvidence(rank=r, steps_in_window=3, wait_us=(30 * MS if r == 0 else 0.0) * 3,
+                            phases_us={"dataloader": 3 * MS, "forward": 30 * MS, "backward": 135 * MS,
+                                       "optimizer": 15 * MS, "other": 0.0, "host": 15 * MS},
+                            step_records=rs, step_waits_us={k: (30 * MS if r == 0 else 0.0) for k in range(3)},
+                            step_lengths_us={k: 66 * MS for k in range(3)}, device_type=device)
+            for r, rs in recs.items()}
+
+
+def test_on_cpus_a_window_backward_straggler_must_show_in_the_cpu_time_of_every_step() -> None:
+    # on CPUs backward runs on the training thread: 30 ms more of it per step would be
+    # 30 ms more CPU time in steps.jsonl. Rank 1's is 3 ms above rank 0's (under half of
+    # 30): the window's 3 steps alone slowed it, no straggler
+    assert find_stragglers(_backward_window({0: 30.0, 1: 33.0}, "cpu")) == []
+    # 20 ms more (at least half of the 30): it is one
+    (s,) = find_stragglers(_backward_window({0: 30.0, 1: 50.0}, "cpu"))
+    assert (s.rank, s.cause) == (1, "backward")
+    # on a GPU the host's CPU time does not hold backward's kernels: the window stands
+    (s,) = find_stragglers(_backward_window({0: 30.0, 1: 33.0}, "cuda"))
+    assert (s.rank, s.cause) == (1, "backward")
