@@ -16,4 +16,4 @@ FIX = {"accum": 4}
 if __name__ == "__main__":
     a = args()
     sys.exit(train(mlp(1024, 2048, 3, 10), Vectors(4096, 1024, 10),
-                   **settings(a, dict(batch=2, autocast=True, optimizer="sgd"), FIX)))
+                   **settings(a, dict(batch=2, autocast="where_fast", optimizer="sgd"), FIX)))

@@ -16,4 +16,4 @@ FIX = {"burner_rank": -1}
 if __name__ == "__main__":
     a = args()
     sys.exit(train(mlp(256, 512, 3, 10), Vectors(32768, 256, 10),
-                   **settings(a, dict(batch=1024, autocast=True, pin_ranks=True, burner_rank=1), FIX)))
+                   **settings(a, dict(batch=1024, autocast="where_fast", pin_ranks=True, burner_rank=1), FIX)))

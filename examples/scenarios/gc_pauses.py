@@ -17,4 +17,4 @@ FIX = {"gc_freeze": True}
 if __name__ == "__main__":
     a = args()
     sys.exit(train(mlp(256, 256, 2, 10), Vectors(8192, 256, 10),
-                   **settings(a, dict(batch=64, autocast=True, gc_rank=1, gc_every=1, gc_heap=300_000), FIX)))
+                   **settings(a, dict(batch=64, autocast="where_fast", gc_rank=1, gc_every=1, gc_heap=300_000), FIX)))

@@ -134,6 +134,21 @@ def settings(a: argparse.Namespace, problem: dict[str, Any], fix: dict[str, Any]
     return {**problem, **fix, **given, "steps": a.steps}
 
 
+def bf16_units() -> bool:
+    """Whether this CPU multiplies bf16 matrices in hardware (AMX or AVX512-BF16). Without
+    them bf16 autocast is emulated and slow (a 3-layer MLP's steps took 1,176 ms in bf16
+    against 96 in fp32 on an AVX2 CPU): a user there trains in fp32."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return "amx_bf16" in flags or "avx512_bf16" in flags
+    except OSError:
+        pass
+    return False
+
+
 def train(model: nn.Module, data: Dataset, **kw: Any) -> int:
     """Train (see `_train`), then end the process group once nothing holds the model:
     with torch 2.13 on gloo, a group left to the interpreter's exit can abort the process."""
@@ -152,7 +167,7 @@ def _train(
     steps: int,
     batch: int | None,
     bucket_cap_mb: float = 25.0,
-    autocast: bool = False,
+    autocast: bool | str = False,
     workers: int = 0,
     persistent_workers: bool = False,
     accum: int = 1,
@@ -173,13 +188,16 @@ def _train(
     over the ranks (ZeroRedundancyOptimizer; plain AdamW in one process).
 
     `slow_rank` does `slow_ms` of extra CPU work before each optimizer step's first
-    micro-batch from optimizer step `slow_from` on. `pin_ranks`: each rank on its own
+    micro-batch from optimizer step `slow_from` on. `autocast`: bf16 autocast; "where_fast"
+    only on a CPU with bf16 matrix units (`bf16_units`), fp32 elsewhere. `pin_ranks`: each rank on its own
     CPU (rank % CPUs); `burner_rank`: another process spins on that rank's CPU for the
     whole job. `gc_rank` keeps `gc_heap` long-lived objects and calls gc.collect() every
     `gc_every` steps (as a memory-minded callback would); `gc_freeze`: gc.freeze() once
     they are built, so that collections skip them."""
     torch.manual_seed(0)
     torch.set_num_threads(1)
+    if autocast == "where_fast":
+        autocast = bf16_units()
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if distributed:
         dist.init_process_group("gloo")

@@ -16,4 +16,4 @@ FIX = {"slow_ms": 0.0}
 if __name__ == "__main__":
     a = args()
     sys.exit(train(mlp(256, 256, 2, 10), Vectors(8192, 256, 10),
-                   **settings(a, dict(batch=64, autocast=True, slow_rank=1, slow_ms=30, slow_from=25), FIX)))
+                   **settings(a, dict(batch=64, autocast="where_fast", slow_rank=1, slow_ms=30, slow_from=25), FIX)))

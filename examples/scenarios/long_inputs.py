@@ -15,6 +15,6 @@ DATA_KEYS = ("long_factor",)  # settings of this scenario's data, taken out befo
 
 if __name__ == "__main__":
     a = args()
-    kw = settings(a, dict(batch=32, autocast=True, long_factor=2), FIX)
+    kw = settings(a, dict(batch=32, autocast="where_fast", long_factor=2), FIX)
     factor = kw.pop("long_factor")
     sys.exit(train(TokenModel(1000, 128, 512, 10), Tokens(4096, 128, 1000, 10, long_rank=1, factor=factor), **kw))

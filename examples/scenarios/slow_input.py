@@ -16,4 +16,4 @@ FIX = {"workers": 4, "persistent_workers": True}
 if __name__ == "__main__":
     a = args()
     sys.exit(train(mlp(256, 256, 2, 10), Vectors(4096, 256, 10, delay_s=0.0015),
-                   **settings(a, dict(batch=32, autocast=True), FIX)))
+                   **settings(a, dict(batch=32, autocast="where_fast"), FIX)))

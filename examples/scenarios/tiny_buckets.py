@@ -15,4 +15,4 @@ FIX = {"bucket_cap_mb": 0.2}
 if __name__ == "__main__":
     a = args()
     sys.exit(train(mlp(256, 256, 24, 10), Vectors(8192, 256, 10),
-                   **settings(a, dict(batch=32, bucket_cap_mb=0.05, autocast=True), FIX)))
+                   **settings(a, dict(batch=32, bucket_cap_mb=0.05, autocast="where_fast"), FIX)))

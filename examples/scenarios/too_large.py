@@ -15,4 +15,4 @@ FIX = {"optimizer": "zero_adamw"}
 
 if __name__ == "__main__":
     a = args()
-    sys.exit(train(mlp(256, 1792, 4, 10), Vectors(4096, 256, 10), **settings(a, dict(batch=256, autocast=True), FIX)))
+    sys.exit(train(mlp(256, 1792, 4, 10), Vectors(4096, 256, 10), **settings(a, dict(batch=256, autocast="where_fast"), FIX)))
