@@ -49,14 +49,14 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
-from pardiag.analysis import Analysis, Finding
+from pardiag.analysis import Analysis, Finding, Notice
 from pardiag.analysis_blocks import WhatIf, WhatIfRow
 from pardiag.analyzers import factors
 from pardiag.analyzers import replay as rp
 from pardiag.analyzers.levers import (
     CPU_BF16_SPEEDUP, GRADIENT_ACCUMULATION_STEPS, PRECISION_SPEEDUP, SAVING_LOW, rank_key)
 from pardiag.analyzers.steps import job_step_times_us
-from pardiag.step_records import StepRecord
+from pardiag.step_records import StepRecord, counted
 
 WINDOW_UNLIKE = 1.5
 """A window whose median step is more than this many times the job's median step (or less
@@ -199,9 +199,12 @@ def _share_estimate(f: Finding, refused: str | None) -> dict[str, Any]:
 def apply(a: Analysis, inputs: Inputs) -> Analysis:
     """The Analysis with replay-based estimates on the findings that have a replay form,
     the what-if from one replay of all of them, and the critical path."""
+    a = _refuted(a, inputs)
     model = inputs.model
     if model is None or not model.origin:
         return share_based(a, inputs.why or "no replay model of the window")
+    if model.sharing is None and (sharing := cpu_sharing(a, model)) is not None:
+        model = replace(model, sharing=sharing, base_load=None)
     base = rp.replay(model)
     off = base.refusal()
     path = base.median_path()
@@ -214,22 +217,30 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
     job_step = a.job_summary.step_p50_us or 0.0
     counted_steps = job_step_times_us(inputs.step_records).values_us if inputs.step_records else []
     u = statistics.median(counted_steps) if counted_steps else b
+    own_step = bool(counted_steps)  # the saving taken off the job's own step
     if counted_steps and not 1 / WINDOW_UNLIKE <= b / u <= WINDOW_UNLIKE:
         basis = (f"the profiled window's median step ({b / 1e3:.1f} ms) is {b / u:.2g}x the job's median step over "
                  f"{len(counted_steps)} steps outside it ({u / 1e3:.1f} ms): the window is not like the rest of the "
                  "job (its speed changed), so the saving is a share of the window's step, as it was there")
-        u = b
+        u, own_step = b, False
     elif counted_steps:
         basis = (f"the time removed per step from the replayed window (median step {b / 1e3:.1f} ms) taken off the job's "
                  f"median step over {len(counted_steps)} steps outside the window ({u / 1e3:.1f} ms)")
     else:
         basis = "saving relative to the replayed window's median step (no step records)"
     err = round(100 * base.error, 1)
+    # against the job's own step only (not when the saving is a share of the window's)
+    cpu = cpu_floor_inputs(a, inputs.step_records) if own_step else None
+    floors: list[str] = []
 
     def saving(edits: Sequence[rp.Edit]) -> tuple[float, float]:
         """(saving, the edited window's step: the median one less the time removed)."""
         edited = job_steps(rp.replay(model, edits))
         removed = statistics.median(base_steps[k] - edited.get(k, base_steps[k]) for k in base_steps)
+        floor = cpu.floor_us(edits) if cpu is not None else None
+        if cpu is not None and floor is not None and u - removed < floor:
+            floors.append(cpu.words(floor, u - removed))
+            removed = u - floor
         return (min(max(0.0, removed / u), 1.0) if u > 0 else 0.0), b - removed
 
     findings: list[Finding] = []
@@ -240,11 +251,13 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
         if p is None:
             findings.append(f if f.est_saving_pct is None else replace(f, estimate=_share_estimate(f, None)))
             continue
+        floors.clear()
         s, e = saving(p.edits)
         pct = round(100 * s, 1)
+        fac = list(p.factors) + ([cpu.factor()] if floors and cpu is not None else [])
         est = {"method": "replay", "saving_pct": pct, "share_saving_pct": f.est_saving_pct,
-               "replay_error_pct": err, "refused": None, "edits": list(p.words) + [basis],
-               "factors": [x.to_dict() for x in p.factors],
+               "replay_error_pct": err, "refused": None, "edits": list(p.words) + [basis] + floors[:1],
+               "factors": [x.to_dict() for x in fac],
                "window_step_us": round(b, 1), "projected_window_step_us": round(e, 1),
                "job_step_us": round(u, 1)}
         sev = "low" if s < SAVING_LOW else f.severity
@@ -267,6 +280,105 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
     elif what is not None:
         what = replace(what, method="share", replay_error_pct=err, refused=None)
     return replace(a, findings=findings, what_if=what, critical_path=crit)
+
+
+def _refuted(a: Analysis, inputs: Inputs) -> Analysis:
+    """The Analysis without the findings a measured factor refutes: mixed precision where
+    the lower precision's matrix multiplies, timed at the job's own shapes after the job,
+    were no faster (a CPU without bf16 units ran them at 0.11x: its job's steps took
+    1,176 ms in bf16 against 96 in fp32). A notice says why."""
+    g = inputs.gemm
+    if g is None or g.speedup > 1.0 or not any(f.lever == "mixed_precision" for f in a.findings):
+        return a
+    note = Notice("info", f"mixed precision not advised: {g.half} matrix multiplies ran {g.speedup:.2g}x as fast as "
+                          f"fp32 at the job's shapes ({g.source})")
+    what = a.what_if
+    if what is not None:
+        what = replace(what, findings=[r for r in what.findings if r.lever != "mixed_precision"])
+    return replace(a, findings=[f for f in a.findings if f.lever != "mixed_precision"], what_if=what,
+                   notices=list(a.notices) + [note])
+
+
+@dataclass(frozen=True)
+class CpuFloor:
+    """A job on CPUs cannot step faster than its host's cores do its ranks' work: per
+    host, the CPU time all its ranks' processes burn per step (every thread: the
+    training thread and the collectives' workers; steps.jsonl ``pcpu_us``, median over
+    the counted steps) divided by the host's cores is a floor under the edited step.
+    The replay re-times each operation as measured, so once an edit makes ranks that
+    took turns on the cores work at the same time (a straggler that slept while the
+    others computed, then computes with them) it would have them share nothing: on
+    2 cores the sleeping straggler's test job was projected at 11.7 ms per step and
+    ran at 16.0. Only for edits whose CPU time is measured: a straggler's excess CPU
+    per step over its peers' median leaves with it. On GPUs the host's CPU time holds
+    spin-waits that leave with the waiting, so no floor there."""
+
+    cpu_us: Mapping[int, float]  # rank -> its process's CPU time per step
+    hosts: Mapping[str, tuple[tuple[int, ...], int]]  # host -> (its ranks, its cores)
+
+    def floor_us(self, edits: Sequence[rp.Edit]) -> float | None:
+        if not edits or not all(isinstance(e, rp.Straggler) for e in edits):
+            return None
+        gone: dict[int, float] = {}
+        for e in edits:
+            peers = [v for r, v in self.cpu_us.items() if r != e.rank]  # type: ignore[union-attr]
+            if e.rank in self.cpu_us and peers:  # type: ignore[union-attr]
+                gone[e.rank] = max(self.cpu_us[e.rank] - statistics.median(peers), 0.0)  # type: ignore[union-attr]
+        return max((sum(self.cpu_us[r] - gone.get(r, 0.0) for r in ranks) / cores
+                    for ranks, cores in self.hosts.values()), default=None)
+
+    def busiest(self) -> tuple[str, tuple[int, ...], int]:
+        h = max(self.hosts, key=lambda k: sum(self.cpu_us[r] for r in self.hosts[k][0]) / self.hosts[k][1])
+        return h, self.hosts[h][0], self.hosts[h][1]
+
+    def words(self, floor: float, projected: float) -> str:
+        h, ranks, cores = self.busiest()
+        return (f"raised from {projected / 1e3:.1f} to {floor / 1e3:.1f} ms per step: host {h}'s {cores} cores "
+                f"do the CPU work of ranks {', '.join(map(str, ranks))} (steps.jsonl, their processes' CPU time "
+                "per step, a straggler's excess over its peers taken out) no faster than that")
+
+    def factor(self) -> Factor:
+        h, ranks, cores = self.busiest()
+        per = ", ".join(f"rank {r} {self.cpu_us[r] / 1e3:.1f} ms" for r in ranks)
+        return Factor("CPU time per step", sum(self.cpu_us[r] for r in ranks), "us",
+                      f"measured: CPU time of each rank's process per step on host {h} ({per}; {cores} cores)", True)
+
+
+def cpu_sharing(a: Analysis, model: rp.Model) -> rp.CpuSharing | None:
+    """The cores the model's ranks share, when every rank runs on CPUs with a known host
+    and the run recorded its host's core count (rank 0's meta.json: every host taken as
+    alike) and its operators' threads."""
+    if not a.ranks or any(r.device_type != "cpu" or not r.host for r in a.ranks):
+        return None
+    fw = getattr(a.run, "fw", None)
+    threads = (fw.threads if fw is not None else None) or {}
+    cores, per = threads.get("cpu_count"), threads.get("torch_num_threads")
+    if not isinstance(cores, int) or cores <= 0 or not isinstance(per, int) or per <= 0:
+        return None
+    host = {r.rank: str(r.host) for r in a.ranks if r.rank in model.origin}
+    return rp.CpuSharing(host, {r: per for r in host}, {h: cores for h in set(host.values())})
+
+
+def cpu_floor_inputs(a: Analysis, records: Mapping[int, Sequence[StepRecord]]) -> CpuFloor | None:
+    """The CPU floor's figures, or None: a rank not on a CPU, no host, no process CPU
+    time in steps.jsonl, or no core count."""
+    if not a.ranks or any(r.device_type != "cpu" or not r.host for r in a.ranks):
+        return None
+    fw = getattr(a.run, "fw", None)
+    threads = (fw.threads if fw is not None else None) or {}
+    cores = threads.get("cpu_count")  # rank 0's host's: every host taken as alike
+    if not isinstance(cores, int) or cores <= 0:
+        return None
+    cpu: dict[int, float] = {}
+    for r in a.ranks:
+        vals = [v for rec in records.get(r.rank, ()) if counted(rec) and (v := rec.get("process_cpu")) is not None]
+        if not vals:
+            return None
+        cpu[r.rank] = statistics.median(vals)
+    hosts: dict[str, list[int]] = {}
+    for r in a.ranks:
+        hosts.setdefault(str(r.host), []).append(r.rank)
+    return CpuFloor(cpu, {h: (tuple(rs), cores) for h, rs in hosts.items()})
 
 
 def unanchored(model: rp.Model) -> str | None:

@@ -41,7 +41,7 @@ import re
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -107,17 +107,31 @@ class Model:
     origin: dict[int, float]  # rank -> measured window start (aligned clock)
     measured_steps: dict[int, dict[int, float]]  # rank -> step -> measured length (us)
     notices: list[str] = field(default_factory=list)
+    sharing: CpuSharing | None = None  # ranks on CPUs that share their host's cores
+    base_load: list[float] | None = None  # each node's load factor unedited (with ``sharing``)
 
     def main_stream(self, rank: int) -> list[int]:
         return self.streams[(rank, "host")]
 
 
+@dataclass(frozen=True)
+class CpuSharing:
+    """Ranks computing on CPUs, and the cores they share: per rank its host and the
+    threads its operators use, per host its cores. With it, an edited replay re-times
+    the host's work for the cores it finds busy (``_shared_durations``)."""
+
+    host: Mapping[int, str]  # rank -> host
+    threads: Mapping[int, int]  # rank -> intra-op threads of its operators
+    cores: Mapping[str, int]  # host -> cores
+
+
 # ------------------------------------------------------------------------------ edits
 @dataclass(frozen=True)
 class Straggler:
-    """A rank's operations set to its peers' median: each phase's time (forward,
-    backward, optimizer, DataLoader, host gaps, ...) scaled to the peers' median
-    total of that phase."""
+    """A rank's operations set to its peers' median: in each step, each phase's time
+    (forward, backward, optimizer, DataLoader, host gaps, ...) scaled to the peers'
+    median total of that phase in that step (over the window where a step is not
+    every rank's)."""
 
     rank: int
 
@@ -845,13 +859,20 @@ def _apply(model: Model, edits: Sequence[Edit], skip_sync: bool = False) -> _App
             peers = [r for r in model.origin if r != ed.rank]
             if not peers or ed.rank not in model.origin:
                 continue
+            # step by step: a window-wide ratio let one odd step (the first profiled
+            # one's 2x backward) set every other step's phase below its peers'
             mine = _phase_totals(model, ed.rank)
             theirs = [_phase_totals(model, p) for p in peers]
+            mine_at = _phase_totals_by_step(model, ed.rank)
+            theirs_at = [_phase_totals_by_step(model, p) for p in peers]
             for i, n in enumerate(nodes):
                 if n.rank != ed.rank or n.kind in (COLL, WAIT):
                     continue
                 ph = (n.kind, n.phase)
-                if mine.get(ph, 0.0) > 0:
+                at = (n.step, n.kind, n.phase)
+                if n.step is not None and mine_at.get(at, 0.0) > 0 and all(n.step in t[None] for t in theirs_at):
+                    dur[i] *= statistics.median(t.get(at, 0.0) for t in theirs_at) / mine_at[at]
+                elif mine.get(ph, 0.0) > 0:
                     dur[i] *= statistics.median(t.get(ph, 0.0) for t in theirs) / mine[ph]
     return _Applied(dur, delay, no_sync, gone, accumulate, dropped)
 
@@ -917,6 +938,19 @@ def _phase_totals(model: Model, rank: int) -> dict[tuple[str, str], float]:
     return out
 
 
+def _phase_totals_by_step(model: Model, rank: int) -> dict[Any, Any]:
+    """Per (step, kind, phase) the rank's total; under the key None, the steps it has."""
+    out: dict[Any, Any] = defaultdict(float)
+    for (r, _s), ids in model.streams.items():
+        if r == rank:
+            for i in ids:
+                n = model.nodes[i]
+                if n.step is not None:
+                    out[(n.step, n.kind, n.phase)] += n.dur
+    out[None] = {st for st, _ in model.steps.get(rank, [])}
+    return out
+
+
 @dataclass(frozen=True)
 class Timeline:
     """Each node's replayed start and end, and what set its start: the node whose end
@@ -951,12 +985,85 @@ def replay(model: Model, edits: Sequence[Edit] = ()) -> ReplayResult:
     return ReplayResult(replayed, {r: dict(v) for r, v in model.measured_steps.items()}, paths)
 
 
+SHARING_ROUNDS = 4
+"""Re-timings of an edited replay for the cores its ranks share (``_shared_durations``)."""
+
+
 def timeline(model: Model, edits: Sequence[Edit] = (), skip_sync: bool = False) -> Timeline:
     """The replayed times of every node (with ``edits`` applied; ``skip_sync``: as a
-    micro-batch that accumulates without syncing)."""
-    nodes = model.nodes
+    micro-batch that accumulates without syncing). With ``model.sharing`` (ranks on the
+    CPUs of shared hosts) and edits, the edited operations are re-timed for the cores
+    they find busy, a few rounds to a fixed point."""
     ap = _apply(model, edits, skip_sync)
-    dur, delay, gone = ap.dur, ap.delay, ap.gone
+    tl = _schedule(model, ap, ap.dur)
+    if model.sharing is None or not edits:
+        return tl
+    base = _base_load(model)
+    if base is None:
+        return tl
+    dur = ap.dur
+    for _ in range(SHARING_ROUNDS):
+        now = _load_factors(model, tl, dur)
+        dur = [d * now[i] / base[i] if base[i] > 0 else d for i, d in enumerate(ap.dur)]
+        tl = _schedule(model, ap, dur)
+    return tl
+
+
+def _base_load(model: Model) -> list[float] | None:
+    """Each node's load factor in the unedited replay (cached on the model)."""
+    if model.base_load is None:
+        ap = _apply(model, ())
+        model.base_load = _load_factors(model, _schedule(model, ap, ap.dur), ap.dur)
+    return model.base_load
+
+
+def _load_factors(model: Model, tl: Timeline, dur: Sequence[float]) -> list[float]:
+    """Per node, how many times slower than alone its host's cores ran it: the mean over
+    its span of max(1, busy threads / cores). Busy: a rank's operators on its training
+    thread (its intra-op threads, at most the cores) and each collective from the last
+    member's arrival to its end (its worker thread: gloo reduces and copies on the CPU).
+    Host gaps and waits count as idle (a sleep burns nothing; what does is not known).
+    Nodes that are neither get 1."""
+    sh = model.sharing
+    assert sh is not None
+    nodes = model.nodes
+    out = [1.0] * len(nodes)
+    spans: dict[str, list[tuple[float, float, float, int]]] = defaultdict(list)
+    for i, nd in enumerate(nodes):
+        h = sh.host.get(nd.rank)
+        if h is None or math.isnan(tl.start[i]):
+            continue
+        if nd.kind == WORK and nd.stream == "host":
+            threads = float(min(sh.threads.get(nd.rank, 1), sh.cores.get(h, 1)))
+            spans[h].append((tl.start[i], tl.end[i], threads, i))
+        elif nd.kind == COLL:
+            spans[h].append((max(tl.end[i] - dur[i], tl.start[i]), tl.end[i], 1.0, i))
+    for h, sp in spans.items():
+        cores = float(max(sh.cores.get(h, 1), 1))
+        a = np.array([x[0] for x in sp])
+        b = np.array([x[1] for x in sp])
+        w = np.array([x[2] for x in sp])
+        edges = np.unique(np.concatenate([a, b]))
+        if len(edges) < 2:
+            continue
+        delta = np.zeros(len(edges))
+        np.add.at(delta, np.searchsorted(edges, a), w)
+        np.add.at(delta, np.searchsorted(edges, b), -w)
+        busy = np.cumsum(delta)[:-1]  # per segment [edges[j], edges[j+1])
+        slow = np.maximum(1.0, busy / cores) * np.diff(edges)
+        cum = np.concatenate([[0.0], np.cumsum(slow)])
+        ia, ib = np.searchsorted(edges, a), np.searchsorted(edges, b)
+        for (s0, e0, _w, i), j0, j1 in zip(sp, ia, ib):
+            if e0 > s0:
+                out[i] = float((cum[j1] - cum[j0]) / (e0 - s0))
+    return out
+
+
+def _schedule(model: Model, ap: _Applied, dur: Sequence[float]) -> Timeline:
+    """Start and end of every node with these durations (``ap``: the edits' delays,
+    merged and dropped collectives)."""
+    nodes = model.nodes
+    delay, gone = ap.delay, ap.gone
     n = len(nodes)
     start = [math.nan] * n
     end = [math.nan] * n

@@ -66,7 +66,7 @@ class StepCounters:
 
     __slots__ = ("data_ns", "data_calls", "bwd_ns", "backwards", "fwd_ns", "forwards", "no_sync_forwards", "opt_ns",
                  "faults", "bwd_faults", "faults_seen", "in_elems",
-                 "gc_ns", "gcs", "gc_seen", "cpu_ns", "cpu_seen", "runq_ns", "runq_seen", "nivcsw", "nivcsw_seen",
+                 "gc_ns", "gcs", "gc_seen", "cpu_ns", "cpu_seen", "pcpu_ns", "pcpu_seen", "runq_ns", "runq_seen", "nivcsw", "nivcsw_seen",
                  "rss_mb", "rss_seen")
 
     def __init__(self) -> None:
@@ -88,6 +88,7 @@ class StepCounters:
         # host signals (collectors/host_signals.py), set at the boundary; *_seen: 1 when read
         self.gc_ns = self.gcs = self.gc_seen = 0
         self.cpu_ns = self.cpu_seen = 0
+        self.pcpu_ns = self.pcpu_seen = 0
         self.runq_ns = self.runq_seen = 0
         self.nivcsw = self.nivcsw_seen = 0
         self.rss_mb = 0.0

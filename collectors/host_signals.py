@@ -8,6 +8,9 @@ optional: what this OS does not offer is left out of the record, not written as 
   (the run queue: ``/proc/self/task/<tid>/schedstat`` on Linux), and its involuntary
   context switches (``getrusage(RUSAGE_THREAD)``): a thread that waited long for a CPU
   shares its cores with something else;
+* the CPU time of the whole process, all its threads (``time.process_time_ns``): with
+  the training thread's, what the collectives' worker threads and the rest burned,
+  which on a CPU job is what the ranks of one host share its cores with;
 * the process's resident memory at the boundary (``/proc/self/statm``).
 
 The step's wall time less its CPU time less its run-queue time is the time the thread
@@ -92,6 +95,10 @@ class HostProbe:
                 self.sched_fd = None
         if "cpu_ns" not in out and threading.get_native_id() == self.tid:
             out["cpu_ns"] = time.thread_time_ns()
+        try:
+            out["pcpu_ns"] = time.process_time_ns()
+        except OSError:
+            pass
         if self.rusage_thread is not None:
             try:
                 out["nivcsw"] = resource.getrusage(self.rusage_thread).ru_nivcsw
@@ -111,6 +118,8 @@ class HostProbe:
         prev, self.prev = self.prev, now
         if "cpu_ns" in now and "cpu_ns" in prev:
             c.cpu_ns, c.cpu_seen = now["cpu_ns"] - prev["cpu_ns"], 1
+        if "pcpu_ns" in now and "pcpu_ns" in prev:
+            c.pcpu_ns, c.pcpu_seen = now["pcpu_ns"] - prev["pcpu_ns"], 1
         if "runq_ns" in now and "runq_ns" in prev:
             c.runq_ns, c.runq_seen = now["runq_ns"] - prev["runq_ns"], 1
         if "nivcsw" in now and "nivcsw" in prev:

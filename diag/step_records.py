@@ -20,7 +20,8 @@ A version-2 line::
      "opt_us": ..., "fwd_us": ..., "forwards": 1,       # only when observed
      "faults": 2051, "bwd_faults": 2040,                # minor page faults (Unix)
      "in_elems": 4096, "gc_us": 0.0, "gcs": 0,          # host signals (host_signals.py),
-     "cpu_us": ..., "runq_us": ..., "nivcsw": 3,        # each where the OS offers it
+     "cpu_us": ..., "pcpu_us": ..., "runq_us": ...,    # each where the OS offers it
+     "nivcsw": 3,
      "rss_mb": 812.4,
      "profiler": "active"}                              # only inside the window
 
@@ -86,6 +87,8 @@ SIGNALS: tuple[Signal, ...] = (
            observed_by="gc_seen"),
     Signal("cpu", "cpu_us", "cpu_ns", "CPU time of the training thread (schedstat or thread_time, host_signals.py)",
            "us", False, observed_by="cpu_seen"),
+    Signal("process_cpu", "pcpu_us", "pcpu_ns", "CPU time of the rank's process, all its threads (the "
+           "collectives' worker threads too; process_time, host_signals.py)", "us", False, observed_by="pcpu_seen"),
     Signal("run_queue", "runq_us", "runq_ns", "time the training thread was runnable but waited for a CPU "
            "(/proc schedstat, host_signals.py)", "us", False, observed_by="runq_seen"),
     Signal("involuntary_switches", "nivcsw", "nivcsw", "the training thread's involuntary context switches "

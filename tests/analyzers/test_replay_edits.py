@@ -6,6 +6,7 @@ optimizer 100 us."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -187,3 +188,47 @@ def test_bucket_plan_merges_under_a_larger_cap_only() -> None:
     assert estimates.plan(_bucket_finding(0.01), a, inputs) is None
     # without a measured curve there is nothing to time the merged calls with
     assert estimates.plan(_bucket_finding(1.0), a, estimates.Inputs(None, {})) is None
+
+
+def _shared(m: Any, cores: int) -> Any:
+    from dataclasses import replace
+
+    from pardiag.analyzers.replay import CpuSharing
+
+    return replace(m, sharing=CpuSharing({0: "node", 1: "node"}, {0: 1, 1: 1}, {"node": cores}))
+
+
+def test_a_straggler_that_slept_shares_the_cores_once_it_computes_with_the_others(tmp_path: Path) -> None:
+    # rank 1 sleeps 2200 us, then computes: 2200 + 2200 of work, its all-reduce call to
+    # 4410, both workers' transfer 4410-4910 (rank 0's worker waited from 2210), the loops
+    # wake at 4930, optimizer to 5030. Rank 0 computed alone while rank 1 slept, so each
+    # rank had a core to itself.
+    m = _model(tmp_path, gloo_replay_rank(0, 2210, 4910), gloo_replay_rank(2200, 4410, 4910))
+    assert replay(m).replayed_steps[0][1] == pytest.approx(5030.0)
+    # without the sleep both compute at once. On 2 cores nothing changes for them: the
+    # call at 2200-2210, transfer 500 (its two workers had the 2 cores to themselves
+    # when measured, and do again), 20 + 100: 2830
+    assert replay(_shared(m, 2), [Straggler(1)]).replayed_steps[0][1] == pytest.approx(2830.0)
+    assert replay(m, [Straggler(1)]).replayed_steps[0][1] == pytest.approx(2830.0)
+    # on 1 core the two ranks' 2200 us of work each take 4400 side by side, then the
+    # measured 500 us transfer (two workers on 1 core then as now), wake and optimizer
+    # (both at once then as now): 5030 again, no saving on one core
+    one = _shared(m, 1)
+    assert replay(one).replayed_steps[0][1] == pytest.approx(5030.0)  # unedited: as measured
+    assert replay(one, [Straggler(1)]).replayed_steps[0][1] == pytest.approx(5030.0)
+
+
+def test_mixed_precision_is_not_advised_where_the_lower_precision_measured_slower() -> None:
+    # a CPU without bf16 units: bf16 matrix multiplies at the job's shapes ran at 0.11x
+    # of fp32 after the job; the finding goes, a notice says why, the other findings stay
+    a = _straggler_analysis()
+    mp = Finding(lever="mixed_precision", severity="high", title="t", evidence=[], ranks=[0, 1], est_saving_pct=30.0,
+                 action={})
+    a = replace(a, findings=list(a.findings) + [mp])
+    slow = estimates.Inputs(None, {}, gemm=estimates.GemmSpeedup(0.11, "timed: aten::linear 1024x512"))
+    out = estimates.apply(a, slow)
+    assert [f.lever for f in out.findings] == [f.lever for f in a.findings if f.lever != "mixed_precision"]
+    assert any("mixed precision not advised" in n.message and "0.11x" in n.message for n in out.notices)
+    # measured faster (1.8x): it stays
+    fast = estimates.apply(a, estimates.Inputs(None, {}, gemm=estimates.GemmSpeedup(1.8, "timed")))
+    assert "mixed_precision" in [f.lever for f in fast.findings]

@@ -204,6 +204,13 @@ def test_steps_jsonl_has_every_optimizer_step(runs: Runs) -> None:
         assert "faults" not in steps[0]
         assert all(s["faults"] >= s["bwd_faults"] >= 0 for s in steps[1:]), [
             (s.get("faults"), s.get("bwd_faults")) for s in steps]
+        # the process's CPU time holds its training thread's, and the rest of its threads'
+        # (gloo's workers): at least as much per step, never more than the step on 2 cores
+        # times the process's threads can burn (all of them at most the machine's cores)
+        cores = os.cpu_count() or 1
+        assert all(s["pcpu_us"] >= s["cpu_us"] - 50 for s in steps[1:]), [(s["pcpu_us"], s["cpu_us"]) for s in steps]
+        assert all(s["pcpu_us"] <= cores * s["dur_us"] + 1000 for s in steps[1:]), [
+            (s["pcpu_us"], s["dur_us"]) for s in steps]
 
 
 def test_profiler_window_on_every_rank(runs: Runs) -> None:
