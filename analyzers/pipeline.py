@@ -291,20 +291,6 @@ def _estimates(a: Analysis, inputs: Sequence[RankInput], step_records: Mapping[i
         notices.append(Notice("warning", f"replay estimates failed: {type(e).__name__}: {e}; estimates are "
                                          "share-based"))
         return estimates.share_based(a, f"replay estimates failed: {type(e).__name__}")
-    if size > REPLAY_MAX_BYTES:
-        notices.append(Notice("info", f"replay left out: {size / 2**30:.1f} GiB of traces (more than "
-                                      f"{REPLAY_MAX_BYTES / 2**30:.0f} GiB); estimates are share-based"))
-    else:
-        try:
-            model = replay.model_of(found)
-        except Exception as e:  # one model's failure must not take the analysis down
-            notices.append(Notice("warning", f"replay left out: {type(e).__name__}: {e}; estimates are share-based"))
-    try:
-        gemm, comm = estimates.run_factors(run, a, notices)
-        return estimates.apply(a, estimates.Inputs(model, step_records, gemm, comm))
-    except Exception as e:
-        notices.append(Notice("warning", f"replay estimates failed: {type(e).__name__}: {e}; estimates are share-based"))
-        return estimates.apply(a, estimates.Inputs(None, step_records))
 
 
 def _nccl(
