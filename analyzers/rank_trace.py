@@ -139,21 +139,29 @@ def _select(trace: Trace, mask: npt.NDArray[np.bool_]) -> Intervals:
     return trace.cpu.ts_us[mask], trace.cpu.ts_us[mask] + trace.cpu.dur_us[mask]
 
 
+def profiled_window(trace: Trace, drop_last_step: bool = False
+                    ) -> tuple[tuple[StepSpan, ...], int | None, tuple[float, float]]:
+    """The recorded steps, the thread of the training loop and the window they span: from
+    the first step's start to the last one's end (the whole trace when no step is marked).
+    ``drop_last_step``: see ``analyze_rank_trace``."""
+    steps, main_tid = profiled_steps(trace)
+    if drop_last_step and len(steps) > 1:
+        steps = steps[:-1]
+    if steps:
+        return steps, main_tid, (steps[0].start_us, max(steps[0].start_us, steps[-1].end_us))
+    lo = float(trace.min_ts_us) if math.isfinite(trace.min_ts_us) else 0.0
+    ends = [trace.cpu.ts_us + trace.cpu.dur_us, trace.gpu.ts_us + trace.gpu.dur_us]
+    hi = max((float(np.nanmax(e)) for e in ends if e.size), default=lo)
+    return steps, main_tid, (lo, max(lo, hi) if math.isfinite(hi) else lo)
+
+
 def analyze_rank_trace(trace: Trace, drop_last_step: bool = False) -> RankTrace:
     """`drop_last_step` for a window cut short by the process exiting: its last
     `ProfilerStep` is the unfinished step (or the script's tail after the loop)."""
-    steps, main_tid = profiled_steps(trace)
+    steps, main_tid, window = profiled_window(trace, drop_last_step)
     notices: list[str] = []
-    if drop_last_step and len(steps) > 1:
-        steps = steps[:-1]
     if not steps:
         notices.append("no ProfilerStep in the trace: the window is the whole trace")
-        lo = float(trace.min_ts_us) if math.isfinite(trace.min_ts_us) else 0.0
-        ends = [trace.cpu.ts_us + trace.cpu.dur_us, trace.gpu.ts_us + trace.gpu.dur_us]
-        hi = max((float(np.nanmax(e)) for e in ends if e.size), default=lo)
-        window = (lo, max(lo, hi) if math.isfinite(hi) else lo)
-    else:
-        window = (steps[0].start_us, max(steps[0].start_us, steps[-1].end_us))
 
     cpu = trace.cpu
     names = trace.names
