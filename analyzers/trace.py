@@ -559,15 +559,18 @@ def _distributed_info(d: Any) -> DistributedInfo | None:
 # --------------------------------------------------------------------------- decoding
 def _decode_events(body: bytes | memoryview, decoder: msgspec.json.Decoder[Any] = _EVENTS) -> list[Any] | None:
     """Decode ``[ ... ]`` of events; retry once with invalid UTF-8 replaced."""
+    events: list[Any]
     try:
-        return decoder.decode(body)
+        events = decoder.decode(body)
+        return events
     except msgspec.DecodeError as exc:
         if "UTF-8" not in str(exc):
             return None
     except msgspec.ValidationError:
         return None
     try:
-        return decoder.decode(str(body, "utf-8", "replace").encode("utf-8"))
+        events = decoder.decode(str(body, "utf-8", "replace").encode("utf-8"))
+        return events
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
 
