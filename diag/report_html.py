@@ -437,6 +437,16 @@ def _critical_path_view(a: Analysis) -> dict[str, Any] | None:
     return {"words": critical_path_words(cp), "rows": rows[:MAX_TABLE_ROWS]}
 
 
+def _timeline_view(a: Analysis) -> dict[str, Any] | None:
+    """How to see the ranks' steps on one timeline: the command that exports the job as
+    one Chrome/Perfetto trace (when the analysis read traces)."""
+    if not any(r.trace for r in a.ranks):
+        return None
+    path = a.run.path or "RUN"
+    arg = "~/" + shlex.quote(path[2:]) if path.startswith("~/") else shlex.quote(path)  # ~ stays unquoted
+    return {"command": clip(f"pardiag export {arg} --perfetto -o job.json.gz", 4000)}
+
+
 # the per-GPU figures the report's telemetry table shows (the table has room for eight)
 TELEMETRY_GPU_COLUMNS = ("host", "gpu", "ranks", "util_gpu_ratio_mean", "sm_clock_busy_mean_mhz", "temperature_max_c",
                          "slowdown_share", "throttle_share")
@@ -475,6 +485,7 @@ def _context(a: Analysis) -> dict[str, Any]:
         "findings": [_finding_view(n, f) for n, f in enumerate(findings)],
         "what_if_method": what_if_method_words(a.what_if),
         "critical_path": _critical_path_view(a),
+        "timeline": _timeline_view(a),
         "collectives": collectives[:MAX_TABLE_ROWS], "collectives_total": len(collectives),
         "groups": [(g, rank_ranges(g.ranks)) for g in a.process_groups[:MAX_TABLE_ROWS]],
         "notices": ordered_notices(a)[:MAX_NOTICES],

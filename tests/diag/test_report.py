@@ -133,6 +133,17 @@ def test_untrusted_text_stays_text_in_html() -> None:
     assert opened == html.count("</script>") == 3 + len(figures(hostile()))
 
 
+def test_timeline_command_quotes_the_path_and_needs_traces() -> None:
+    from dataclasses import replace
+
+    a = small()
+    odd = replace(a, run=replace(a.run, path="~/runs/it's <b>"))
+    html = render_html(odd)
+    assert "pardiag export ~/&#39;runs/it&#39;&#34;&#39;&#34;&#39;s &lt;b&gt;&#39; --perfetto -o job.json.gz" in html
+    no_trace = replace(a, ranks=[replace(r, trace=None) for r in a.ranks])
+    assert 'id="timeline"' not in render_html(no_trace) and 'id="timeline"' in html
+
+
 def test_untrusted_text_stays_text_in_markdown() -> None:
     md = render_markdown(hostile())
     # fenced code (a finding's change) is shown literally by every markdown renderer
@@ -274,6 +285,8 @@ def test_report_of_plain_traces(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert cli.main(["report", str(traces), "-j", "1"]) == 0
     html = (tmp_path / "report.html").read_text()
     assert 'id="fig-gpu"' in html and "all_to_all" in html
+    # the ranks' steps on one timeline: the command that exports them
+    assert 'href="#timeline"' in html and f"pardiag export {traces} --perfetto -o job.json.gz" in html
     assert cli.main(["report", str(traces), "--format", "md", "-j", "1"]) == 0
     assert "all\\_to\\_all" in capsys.readouterr().out
 
