@@ -147,6 +147,8 @@ def _timeline(path: Path, analysis: Analysis | None, progress: Progress | None
     model = None
     no_path = None if keep is not None else f"{size / 2**30:.1f} GiB of traces, more than the replay reads"
     if keep is not None:
+        if progress:
+            progress("replaying the window", 0, 1)
         try:
             model = rp.build_model(keep, incomplete=ranks.incomplete, hosts=jt.alignment_hosts(ranks.windows))
         except Exception as e:  # the path is an addition: the export goes on without it
@@ -175,6 +177,9 @@ class _Sink:
         self.events += len(events)
 
 
+_NUMBER = (int, float)
+
+
 def _finite(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -185,7 +190,8 @@ class _RankWriter:
 
     def __init__(self, rank: int, shift_us: float, sink: _Sink, ids: Iterable[int]) -> None:
         self.rank, self.shift, self.sink, self.ids = rank, shift_us, sink, iter(ids)
-        self.tids: dict[tuple[Any, Any], int] = {}
+        self.tids: dict[tuple[Any, Any], int] = {}  # the rank's threads: (pid, tid) -> thread id written
+        self.seen: dict[tuple[Any, Any], int] = {}  # (pid, tid) as met -> thread id written
         self.thread_names: dict[tuple[Any, Any], str] = {}
         self.labels: dict[Any, str] = {}
         self.flows: dict[tuple[Any, Any], list[_Out]] = defaultdict(list)
@@ -200,11 +206,28 @@ class _RankWriter:
         return t
 
     def on_events(self, events: list[RawEvent]) -> None:
+        """The hot loop: a complete event with numeric times (nearly all of a trace) is
+        converted here, anything else by ``_convert``."""
         out: list[_Out] = []
+        append = out.append
+        rank, shift, seen, isfinite = self.rank, self.shift, self.seen, math.isfinite
         for e in events:
+            ts, dur = e.ts, e.dur
+            if (e.ph == "X" and type(ts) in _NUMBER and type(dur) in _NUMBER and dur >= 0  # type: ignore[operator]
+                    and isfinite(ts + dur) and e.cat != "Trace"):  # type: ignore[operator]
+                tid = seen.get((e.pid, e.tid))
+                if tid is None:
+                    tid = seen[(e.pid, e.tid)] = self.tid(e.pid, e.tid)
+                t = ts - shift  # type: ignore[operator]
+                # both ends through the same shift and rounding, so that nested events stay nested
+                # (an event earlier than every rank's first timed event is cut at the job's start)
+                start, end = round(t if t > 0 else 0.0, 3), round(t + dur if t + dur > 0 else 0.0, 3)  # type: ignore[operator]
+                append(_Out(e.name if e.name is not None else "(unnamed)", "X", start, rank, tid,
+                            dur=round(end - start, 3), cat=e.cat, args=e.args if len(e.args) else None))
+                continue
             o = self._convert(e)
             if o is not None:
-                out.append(o)
+                append(o)
         self.sink.write(out)
 
     def _convert(self, e: RawEvent) -> _Out | None:  # noqa: C901 - one case per phase
