@@ -21,7 +21,7 @@ from pardiag.analyzers.groups import process_groups
 from pardiag.analyzers.rank_trace import RankTrace, analyze_rank_trace
 from pardiag.analyzers.steps import step_stats
 from pardiag.analyzers.stragglers import RankEvidence, find_stragglers, step_tiles, step_waits
-from pardiag.analyzers.trace import trace_head
+from pardiag.analyzers.trace import is_merged_export, trace_head
 from pardiag.errors import UserError
 from pardiag.rank_meta import RankMeta
 from pardiag.run_info import FrameworkInfo, RunInfo
@@ -95,6 +95,9 @@ def find_inputs(
     if path.is_file():
         if not TRACE_NAME.match(path.name):
             raise UserError(f"{path}: not a trace (.json or .json.gz) nor a run directory")
+        if is_merged_export(trace_head(path)):
+            raise UserError(f"{path}: a whole job exported by `pardiag export`, not a rank's trace "
+                            "(open it in ui.perfetto.dev)")
         return None, _plain_traces([path], notices)
     if rundir.is_run_dir(path):
         run = rundir.RunDir(path)
@@ -108,7 +111,10 @@ def find_inputs(
         if allow_empty:
             return None, []
         raise UserError(f"{path}: no run directory and no trace files (*.json, *.json.gz) in it")
-    return None, _plain_traces(files, notices)
+    inputs = _plain_traces(files, notices)
+    if not inputs and not allow_empty:
+        raise UserError(f"{path}: no rank's trace in it, only whole jobs exported by `pardiag export`")
+    return None, inputs
 
 
 def _plain_traces(files: list[Path], notices: list[Notice]) -> list[RankInput]:
@@ -120,6 +126,10 @@ def _plain_traces(files: list[Path], notices: list[Notice]) -> list[RankInput]:
     unranked = []
     for f in files:
         head = trace_head(f)
+        if is_merged_export(head):
+            notices.append(Notice("info", f"{f.name}: a whole job exported by `pardiag export`, not a rank's trace; "
+                                          "left out"))
+            continue
         info = head.get("distributedInfo")
         r = info.get("rank") if isinstance(info, dict) and type(info.get("rank")) is int else rank_of(f)
         if r is None:

@@ -822,8 +822,19 @@ def stream_events(path: str | Path, on_events: Callable[[list[RawEvent]], None],
 
 # --------------------------------------------------------------------------- rank
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
-HEAD_KEYS = ("distributedInfo", "deviceProperties", "host_name")
-"""The metadata ``trace_head`` reads: what Kineto writes before the event list."""
+HEAD_KEYS = ("distributedInfo", "deviceProperties", "host_name", "otherData")
+"""The metadata ``trace_head`` reads: what Kineto writes before the event list (and the
+``otherData`` that ``pardiag export`` writes before its own)."""
+EXPORT_MARK = {"export": "perfetto"}
+"""In ``otherData.pardiag`` of a file ``pardiag export`` wrote: the whole job, not one
+rank's trace (a reader of a folder of traces leaves it out)."""
+
+
+def is_merged_export(head: dict[str, Any]) -> bool:
+    """Whether a trace's head (``trace_head``) is that of a ``pardiag export`` file."""
+    other = head.get("otherData")
+    mine = other.get("pardiag") if isinstance(other, dict) else None
+    return isinstance(mine, dict) and all(mine.get(k) == v for k, v in EXPORT_MARK.items())
 
 
 def rank_of(path: str | Path) -> int | None:

@@ -1,7 +1,8 @@
 """The whole job as one Chrome/Perfetto trace (`pardiag export RUN --perfetto`).
 
-Trace-event format (the JSON object form: ``{"traceEvents": [...], "displayTimeUnit":
-"ms", "otherData": {...}}``, times in microseconds), gzip-compressed when the output's
+Trace-event format (the JSON object form: ``{"displayTimeUnit": "ms", "otherData":
+{"pardiag": {...}}, "traceEvents": [...]}``, times in microseconds; ``otherData`` first, so
+that a reader of a folder of traces knows the file from its head), gzip-compressed when the output's
 name ends in ``.gz``. ui.perfetto.dev and chrome://tracing open it.
 
 * Every rank is one process (pid = rank, named "rank N (host)"); its threads and GPU
@@ -39,7 +40,8 @@ from pardiag import __version__, rundir
 from pardiag.analysis import Analysis, Notice, Straggler
 from pardiag.analyzers import job_timeline as jt
 from pardiag.analyzers.pipeline import REPLAY_MAX_BYTES, RankInput, find_inputs
-from pardiag.analyzers.trace import RawEvent, Trace, TraceError, load_trace, stream_events, trace_head
+from pardiag.analyzers.trace import (
+    EXPORT_MARK, RawEvent, Trace, TraceError, load_trace, stream_events, trace_head)
 from pardiag.errors import UserError
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
@@ -78,8 +80,8 @@ class ExportResult:
     ranks: tuple[int, ...]  # exported
     missing: dict[int, str]  # rank -> why it is not in the file
     events: int  # events written
-    flows: int  # flow arrows joining the matched collectives across ranks
-    collectives: int  # collectives matched on two ranks or more
+    left_out: int  # events of the ranks' traces left out (no time, a negative duration, an unknown phase)
+    flows: int  # flow arrows joining the collectives matched across ranks (one per collective)
     bytes: int
     critical_path: str | None  # why the critical path is not drawn; None when it is
     notices: tuple[str, ...] = ()
@@ -486,19 +488,19 @@ def export_perfetto(path: Path, out: Path, analysis: Analysis | None = None,
             raw = stack.enter_context(rundir.atomic_open(out))
             f: BinaryIO = (stack.enter_context(gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0))  # type: ignore[arg-type]
                            if out.name.endswith(".gz") else raw)
-            f.write(b'{"displayTimeUnit": "ms", "traceEvents": [\n')
+            # otherData before the events: a reader of a folder of traces knows the file from its head
+            f.write(b'{"displayTimeUnit": "ms",\n"otherData": ' + msgspec.json.encode(_other_data(path, ranks, tl, marks, no_path))
+                    + b',\n"traceEvents": [\n')
             sink = _Sink(f)
             dropped = _write_ranks(ranks, tl, marks, sink, ids, lane_of, coll_lanes, progress)
-            flows = _collective_flows(tl, lane_of, ids)
-            sink.write(flows)
-            other = _other_data(path, ranks, tl, marks, no_path, sink.events, dropped)
-            f.write(b"\n],\n" + b'"otherData": ' + msgspec.json.encode(other) + b"}\n")
+            sink.write(_collective_flows(tl, lane_of, ids))
+            f.write(b"\n]}\n")
     except OSError as e:
         raise UserError(f"cannot write {out}: {e.strerror or e}") from None
     except TraceError as e:  # read once already: the file changed while it was exported
         raise UserError(f"{e} (while exporting)") from None
     return ExportResult(out, tuple(sorted(ranks.windows)), dict(sorted(ranks.missing.items())), sink.events,
-                        len(tl.collectives), len(tl.collectives), out.stat().st_size, no_path, tl.notices)
+                        dropped, len(tl.collectives), out.stat().st_size, no_path, tl.notices)
 
 
 def _write_ranks(ranks: _Ranks, tl: jt.JobTimeline, marks: _Marks, sink: _Sink, ids: Iterable[int],
@@ -537,9 +539,9 @@ def _write_ranks(ranks: _Ranks, tl: jt.JobTimeline, marks: _Marks, sink: _Sink, 
     return dropped
 
 
-def _other_data(path: Path, ranks: _Ranks, tl: jt.JobTimeline, marks: _Marks, no_path: str | None,
-                events: int, dropped: int) -> dict[str, Any]:
+def _other_data(path: Path, ranks: _Ranks, tl: jt.JobTimeline, marks: _Marks, no_path: str | None) -> dict[str, Any]:
     return {"pardiag": {
+        **EXPORT_MARK,
         "version": __version__,
         "source": str(path),
         "ranks": sorted(ranks.windows),
@@ -548,11 +550,9 @@ def _other_data(path: Path, ranks: _Ranks, tl: jt.JobTimeline, marks: _Marks, no
         "time_zero_us": tl.zero_us,
         "collectives_matched": len(tl.collectives),
         "collective_flows": len(tl.collectives),
-        "events": events,
-        "events_left_out": dropped,
         "stragglers": [{"rank": s.rank, "cause": s.cause, "excess_us_per_step": s.excess_us_per_step}
                        for s in marks.stragglers.values()],
         "critical_path": marks.critical_path,
         "critical_path_left_out": no_path,
-        "notices": list(tl.notices),
+        "notices": list(tl.notices)[:20],
     }}

@@ -70,6 +70,9 @@ def execute(args: argparse.Namespace) -> int:
         print(f"pardiag: warning: rank {r} left out of the export: {why}", file=sys.stderr)
     if res.critical_path is not None:
         print(f"pardiag: note: no critical path drawn: {res.critical_path}", file=sys.stderr)
+    if res.left_out:
+        print(f"pardiag: note: {res.left_out:,} events of the traces left out (no time, a negative duration "
+              "or a phase the format does not draw)", file=sys.stderr)
     ranks = len(res.ranks)
     print(f"pardiag: wrote {out} ({_size(res.bytes)}): {res.events:,} events of {ranks} rank{'s' * (ranks != 1)}, "
           f"{res.flows:,} flow{'s' * (res.flows != 1)} joining the collectives matched across ranks"

@@ -46,7 +46,7 @@ def _num(v: Any) -> bool:
 def validate(doc: dict[str, Any]) -> dict[str, Any]:
     """Checks the trace-event format (the JSON object form) as ui.perfetto.dev and
     chrome://tracing read it; returns what the tests look at."""
-    assert list(doc)[:2] == ["displayTimeUnit", "traceEvents"], "Perfetto wants displayTimeUnit first"
+    assert list(doc)[0] == "displayTimeUnit", "Perfetto reads it first"
     assert set(doc) <= {"displayTimeUnit", "traceEvents", "otherData"}, "Perfetto stops at an unknown key"
     assert doc["displayTimeUnit"] in ("ms", "ns")
     events = doc["traceEvents"]
@@ -148,6 +148,8 @@ def test_sampled_gpu_job_exports_with_flows_steps_and_streams(tmp_path: Path) ->
     doc = load(tmp_path / "job.json.gz")["otherData"]["pardiag"]
     assert doc["clock_offsets_us"] == {"0": 0.0, "1": 332.0} == analysis.run.clock_offsets_us
     assert doc["missing_ranks"] == {} and doc["collective_flows"] == matched
+    assert list(load(tmp_path / "job.json.gz")) == ["displayTimeUnit", "otherData", "traceEvents"]
+    assert res.left_out == 0
 
 
 def test_clocks_are_aligned_as_the_analysis_aligns_them(tmp_path: Path) -> None:
@@ -231,6 +233,23 @@ def test_plain_json_output_and_its_counts(tmp_path: Path) -> None:
     assert (tmp_path / "job.json").read_bytes()[:1] == b"{" and res.bytes == (tmp_path / "job.json").stat().st_size
     assert res.events == len(v["events"])
     assert not list(tmp_path.glob(".job.json.*"))  # no temporary file left behind
+
+
+def test_an_export_among_the_traces_is_no_rank(tmp_path: Path) -> None:
+    """Written into the folder it came from, the export is left out of the next reading of it."""
+    from pardiag.analyzers.pipeline import analyze_path
+
+    traces = tmp_path / "traces"
+    shutil.copytree(SAMPLED, traces)
+    res = run_pardiag("export", str(traces), "--perfetto", "-o", str(traces / "job.json.gz"))
+    assert res.returncode == 0, res.stderr
+    a = analyze_path(traces)
+    assert [r.rank for r in a.ranks] == [0, 1]
+    assert any("job.json.gz: a whole job exported by `pardiag export`" in n.message for n in a.notices)
+    again = run_pardiag("export", str(traces), "--perfetto", "-o", str(traces / "job.json.gz"))
+    assert again.returncode == 0 and "events of 2 ranks" in again.stdout
+    alone = run_pardiag("analyze", str(traces / "job.json.gz"))
+    assert alone.returncode == 2 and "not a rank's trace" in alone.stderr
 
 
 # ------------------------------------------------------------------------------ bad input
