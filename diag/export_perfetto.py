@@ -201,7 +201,8 @@ class _RankWriter:
         self.dropped = 0
 
     def tid(self, pid: Any, tid: Any) -> int:
-        key = (pid, tid) if isinstance(pid, int) else PROFILER_THREAD  # Kineto's own marks ("Traces", "")
+        # Kineto's own marks ("Traces", "") and anything that is no thread id go to one thread
+        key = (pid, tid) if type(pid) is int and type(tid) in (int, str) else PROFILER_THREAD
         t = self.tids.get(key)
         if t is None:
             t = self.tids[key] = SOURCE_TID + len(self.tids)
@@ -216,7 +217,8 @@ class _RankWriter:
         for e in events:
             ts, dur = e.ts, e.dur
             if (e.ph == "X" and type(ts) in _NUMBER and type(dur) in _NUMBER and dur >= 0  # type: ignore[operator]
-                    and isfinite(ts + dur) and e.cat != "Trace"):  # type: ignore[operator]
+                    and isfinite(ts + dur) and e.cat != "Trace" and type(e.pid) is int  # type: ignore[operator]
+                    and type(e.tid) is int):
                 tid = seen.get((e.pid, e.tid))
                 if tid is None:
                     tid = seen[(e.pid, e.tid)] = self.tid(e.pid, e.tid)

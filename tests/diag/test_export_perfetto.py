@@ -253,6 +253,28 @@ def test_an_export_among_the_traces_is_no_rank(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------ bad input
+def test_odd_events_are_left_out_or_kept_valid(tmp_path: Path) -> None:
+    """A real trace with events no profiler writes: a list for a pid, an object for a tid,
+    no time, a negative duration, an unknown phase; a counter and an async pair."""
+    doc = load(SAMPLED / "sampled_rank-0.json.gz")
+    ev = doc["traceEvents"]
+    ev[10]["pid"], ev[11]["tid"], ev[12]["ts"], ev[13]["dur"], ev[14]["ph"] = [1, 2], {"a": 1}, None, -5, "P"
+    t = ev[20]["ts"]
+    ev += [{"ph": "C", "name": "mem", "pid": 4037, "tid": 4037, "ts": t, "args": {"bytes": 5}},
+           {"ph": "b", "name": "io", "cat": "a", "id": "0x1", "pid": 4037, "tid": 4037, "ts": t},
+           {"ph": "e", "name": "io", "cat": "a", "id": "0x1", "pid": 4037, "tid": 4037, "ts": t + 5}]
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "traces" / "rank-0.json").write_text(json.dumps(doc))
+    res = run_pardiag("export", str(tmp_path / "traces"), "-o", str(tmp_path / "odd.json"))
+    assert res.returncode == 0, res.stderr
+    assert "3 events of the traces left out" in res.stderr and "Traceback" not in res.stderr
+    v = validate(load(tmp_path / "odd.json"))
+    odd = [e for e in v["events"] if e["ph"] in "Cbe"]
+    assert [(e["ph"], e.get("id")) for e in odd] == [("C", None), ("b", 1), ("e", 1)]  # the async pair keeps one id
+    names = {e["args"]["name"] for e in v["events"] if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert "profiler" in names  # where the events without a thread of their own went
+
+
 def test_missing_path_is_one_line_and_exit_2(tmp_path: Path) -> None:
     res = run_pardiag("export", str(tmp_path / "nope"), "--perfetto", "-o", str(tmp_path / "x.json.gz"))
     assert res.returncode == 2 and res.stderr.strip().count("\n") == 0 and "no such file" in res.stderr
