@@ -32,7 +32,7 @@ from collections import defaultdict
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterable, Mapping, Sequence
+from typing import Any, BinaryIO, Callable, Collection, Iterable, Mapping, Sequence
 
 import msgspec
 
@@ -133,13 +133,36 @@ def _read_ranks(inputs: Sequence[RankInput], analysis: Analysis | None, progress
     return out
 
 
-def _timeline(path: Path, analysis: Analysis | None, progress: Progress | None
+def rank_selection(spec: str) -> frozenset[int]:
+    """``"0-3,8"`` -> {0, 1, 2, 3, 8}; ``UserError`` for anything else."""
+    out: set[int] = set()
+    for part in spec.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        try:
+            a, b = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise UserError(f"--ranks {spec}: not a list of ranks and ranges (like 0-3,8)") from None
+        if a < 0 or b < a:
+            raise UserError(f"--ranks {spec}: {part.strip()} is no range of ranks")
+        out.update(range(a, b + 1))
+    return frozenset(out)
+
+
+def _timeline(path: Path, analysis: Analysis | None, progress: Progress | None, only: Collection[int] | None = None
               ) -> tuple[_Ranks, jt.JobTimeline, str | None]:
-    """The ranks and the job's timeline; the reason the critical path is left out, if it is."""
+    """The ranks (``only`` those, when given) and the job's timeline; the reason the
+    critical path is left out, if it is."""
     from pardiag.analyzers import replay as rp
+    from pardiag.manifest import rank_ranges
 
     notices: list[Notice] = []
     _run, inputs = find_inputs(path, notices)
+    if only is not None:
+        chosen = [i for i in inputs if i.rank in only]
+        if not chosen:
+            raise UserError(f"--ranks {rank_ranges(only)}: none of them in {path} "
+                            f"(its ranks: {rank_ranges(i.rank for i in inputs) or 'none'})")
+        inputs = chosen
     size = sum(i.trace.stat().st_size for i in inputs if i.trace is not None and i.trace.is_file())
     keep: dict[int, Trace] | None = {} if size <= REPLAY_MAX_BYTES else None
     ranks = _read_ranks(inputs, analysis, progress, keep)
@@ -476,12 +499,14 @@ def _process_events(rank: int, host: str | None, labels: Sequence[str], tracks: 
 
 # ------------------------------------------------------------------------------ the export
 def export_perfetto(path: Path, out: Path, analysis: Analysis | None = None,
-                    progress: Progress | None = None) -> ExportResult:
-    """Write the merged trace of the run directory or trace folder ``path`` to ``out``.
-    ``analysis`` (of the same path) marks its stragglers and its median step's critical
-    path. Raises ``UserError`` (one line) when nothing can be exported; ranks that cannot
-    be are left out and named in the result and in the file (``otherData``)."""
-    ranks, tl, no_path = _timeline(path, analysis, progress)
+                    progress: Progress | None = None, only: Collection[int] | None = None) -> ExportResult:
+    """Write the merged trace of the run directory or trace folder ``path`` to ``out``
+    (``only`` these ranks, when given: their clocks aligned among themselves, their
+    collectives matched among themselves). ``analysis`` (of the same path) marks its
+    stragglers and its median step's critical path. Raises ``UserError`` (one line) when
+    nothing can be exported; ranks that cannot be are left out and named in the result
+    and in the file (``otherData``)."""
+    ranks, tl, no_path = _timeline(path, analysis, progress, only)
     marks = _Marks.of(analysis)
     lane_of, coll_lanes = _collective_tracks(tl)
     ids = itertools.count(1)

@@ -33,6 +33,7 @@ EPILOG = """examples:
   pardiag export pardiag-runs/exp1 --perfetto -o job.json.gz
   pardiag export traces/ --perfetto -o traces.json      # plain JSON, no compression
   pardiag export pardiag-runs/exp1 --perfetto           # writes ./exp1.perfetto.json.gz
+  pardiag export pardiag-runs/big --perfetto --ranks 0-7 -o first-node.json.gz
 """
 
 
@@ -42,6 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Chrome/Perfetto trace-event JSON (the only format, and the default)")
     p.add_argument("-o", "--output", metavar="FILE",
                    help="write here; gzip when the name ends in .gz (default: ./<name of PATH>.perfetto.json.gz)")
+    p.add_argument("--ranks", metavar="LIST", help="only these ranks, e.g. 0-3,8 (a large job's file stays "
+                                                   "small enough for a browser; clocks and collectives among them)")
     p.add_argument("--jobs", "-j", type=int, default=None, help="processes that parse traces for the analysis "
                                                                 "(default: all cores)")
     p.add_argument("--force", action="store_true", help="ignore a cached analysis.json")
@@ -57,15 +60,16 @@ def default_output(path: Path) -> Path:
 
 def execute(args: argparse.Namespace) -> int:
     from pardiag.analysis_cache import load_or_analyze
-    from pardiag.export_perfetto import export_perfetto
+    from pardiag.export_perfetto import export_perfetto, rank_selection
 
     path = Path(args.path)
     if not path.exists():
         raise UserError(f"{path}: no such file or directory")
+    only = rank_selection(args.ranks) if args.ranks else None
     out = Path(args.output) if args.output else default_output(path)
     analysis = load_or_analyze(path, jobs=args.jobs, force=args.force, quiet=args.quiet)
     with _progress(args.quiet) as progress:
-        res = export_perfetto(path, out, analysis, progress)
+        res = export_perfetto(path, out, analysis, progress, only)
     for r, why in res.missing.items():
         print(f"pardiag: warning: rank {r} left out of the export: {why}", file=sys.stderr)
     if res.critical_path is not None:

@@ -235,6 +235,18 @@ def test_plain_json_output_and_its_counts(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".job.json.*"))  # no temporary file left behind
 
 
+def test_some_ranks_only(tmp_path: Path) -> None:
+    out = tmp_path / "one.json"
+    res = run_pardiag("export", str(SAMPLED), "--perfetto", "--ranks", "1", "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    v = validate(load(out))
+    assert v["processes"] == {1: "rank 1"} and pardiag_flows(v) == {}  # nobody to join it to
+    assert load(out)["otherData"]["pardiag"]["clock_offsets_us"] == {"1": 0.0}  # its own clock is the reference
+    for spec, words in (("5-7", "none of them in"), ("x", "not a list of ranks"), ("3-1", "no range of ranks")):
+        bad = run_pardiag("export", str(SAMPLED), "--ranks", spec, "-o", str(tmp_path / "bad.json"))
+        assert bad.returncode == 2 and words in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
+
+
 def test_an_export_among_the_traces_is_no_rank(tmp_path: Path) -> None:
     """Written into the folder it came from, the export is left out of the next reading of it."""
     from pardiag.analyzers.pipeline import analyze_path
