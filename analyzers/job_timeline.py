@@ -1,7 +1,8 @@
 """The job as one timeline: every rank's profiled window on one clock, its steps, the
 collectives matched across ranks (each rank's wait and transfer in them) and the
 critical path of every step, ready to be drawn over the ranks' own events (the merged
-Perfetto export, ``pardiag.export_perfetto``).
+Perfetto export, ``pardiag.export_perfetto``); and one step of every rank in the
+breakdown's categories, on the same clock, for the report (``step_view``).
 
 Nothing here is computed a second way: the clocks are aligned by
 ``replay.clock_alignment`` (the replay model's alignment: collective ends, one clock
@@ -21,11 +22,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from pardiag.analyzers import replay as rp
 from pardiag.analyzers.collectives import matched_instances
-from pardiag.analyzers.rank_trace import CollectiveCall, StepSpan, collective_calls, profiled_window
+from pardiag.analyzers.rank_trace import CollectiveCall, RankTrace, StepSpan, collective_calls, profiled_window
 from pardiag.analyzers.trace import Trace
 
 MERGE_GAP_US = 1.0
@@ -221,3 +222,38 @@ def _merged(marks: Sequence[PathMark]) -> list[PathMark]:
             last[m.rank] = len(out)
             out.append(PathMark(m.step, m.rank, start, m.end_us, m.on_path_us, m.kind, m.phase, m.name))
     return sorted(out, key=lambda m: (m.rank, m.start_us))
+
+
+# ------------------------------------------------------------------------------ one step of every rank
+STEP_VIEW_RANKS = 32
+"""Ranks a step's chart holds at most: the ones named first (the stragglers), then by rank."""
+
+
+def step_view(traces: Mapping[int, RankTrace], hosts: Mapping[int, str | None] | None = None,
+              first: Sequence[int] = ()) -> dict[str, Any] | None:
+    """The middle profiled step that every rank recorded, on every rank (at most
+    ``STEP_VIEW_RANKS``), on the export's clock: ``rank_trace.step_segments``' runs of
+    the breakdown's categories, shifted by the replay's alignment (``hosts``: each rank's
+    host as its trace names it), the earliest rank's start of the step at 0. None
+    without a step recorded by every rank. The Analysis' ``step_timeline`` block."""
+    timed = {r: t for r, t in sorted(traces.items()) if t.steps and t.segments_per_step_us}
+    if not timed:
+        return None
+    common = set.intersection(*(set(t.segments_per_step_us) for t in timed.values()))
+    steps = sorted(s for s in common if all(t.segments_per_step_us[s] for t in timed.values()))
+    if not steps:
+        return None
+    step = steps[(len(steps) - 1) // 2]
+    known = {r: hosts.get(r) for r in timed} if hosts else {}
+    offsets = rp.clock_alignment({r: t.collectives for r, t in timed.items()},
+                                 known if known and all(known.values()) else None)
+    shown = list(dict.fromkeys([r for r in first if r in timed] + list(timed)))[:STEP_VIEW_RANKS]
+    zero = min(timed[r].segments_per_step_us[step][0][0] - offsets.get(r, 0.0) for r in shown)
+    rows = []
+    for r in sorted(shown):
+        off = offsets.get(r, 0.0) + zero
+        segs = timed[r].segments_per_step_us[step]
+        rows.append({"rank": r, "start_us": segs[0][0] - off, "end_us": segs[-1][1] - off,
+                     "segments": [[s - off, e - off, c] for s, e, c in segs]})
+    return {"step": step, "ranks": rows, "ranks_total": len(timed),
+            "clock_offsets_us": {str(r): offsets.get(r, 0.0) for r in sorted(shown)}}

@@ -222,6 +222,7 @@ def analyze_path(
         if hang:
             notices.append(Notice("error", f"hang: {hang.summary}"))
     stragglers = find_stragglers(evidence)
+    step_timeline = _step_timeline(inputs, traces, [s.rank for s in stragglers])
     second = _extra_window(run, inputs, step_records, metas, ranks, jobs, notices) if run is not None else None
     over_time = None
     if run is not None:
@@ -265,8 +266,23 @@ def analyze_path(
         summary=summary,
         temporal=over_time.to_dict() if over_time is not None else None,
         extra_window=second,
+        step_timeline=step_timeline,
     ), nccl=nccl_report, telemetry=telemetry)
     return _estimates(advised, inputs, step_records, run, notices)
+
+
+def _step_timeline(inputs: Sequence[RankInput], traces: Mapping[int, RankTrace],
+                   first: Sequence[int]) -> dict[str, Any] | None:
+    """One step of every rank on the replay's clock (ranks of one host share it: the hosts
+    as the traces name them, as ``replay.model_of`` reads them)."""
+    from pardiag.analyzers.job_timeline import step_view
+
+    hosts: dict[int, str | None] = {}
+    for i in inputs:
+        if i.trace is not None and i.rank in traces:
+            h = (i.head if i.head is not None else trace_head(i.trace)).get("host_name")
+            hosts[i.rank] = h if isinstance(h, str) and h else None
+    return step_view(traces, hosts, first)
 
 
 REPLAY_MAX_BYTES = 1 << 30
