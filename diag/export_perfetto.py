@@ -84,7 +84,7 @@ class ExportResult:
     flows: int  # flow arrows joining the collectives matched across ranks (one per collective)
     bytes: int
     critical_path: str | None  # why the critical path is not drawn; None when it is
-    notices: tuple[str, ...] = ()
+    notices: tuple[str, ...] = ()  # what reading the traces and building the replay said
 
 
 # ------------------------------------------------------------------------------ reading
@@ -97,6 +97,7 @@ class _Ranks:
     hosts: dict[int, str] = field(default_factory=dict)  # shown in the process names
     missing: dict[int, str] = field(default_factory=dict)
     incomplete: list[int] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)  # what reading the path said (an export left out, ...)
 
 
 def _read_ranks(inputs: Sequence[RankInput], analysis: Analysis | None, progress: Progress | None,
@@ -166,6 +167,7 @@ def _timeline(path: Path, analysis: Analysis | None, progress: Progress | None, 
     size = sum(i.trace.stat().st_size for i in inputs if i.trace is not None and i.trace.is_file())
     keep: dict[int, Trace] | None = {} if size <= REPLAY_MAX_BYTES else None
     ranks = _read_ranks(inputs, analysis, progress, keep)
+    ranks.notices = [n.message for n in notices]
     if not ranks.windows:
         why = "; ".join(f"rank {r}: {w}" for r, w in sorted(ranks.missing.items())) or "no rank"
         raise UserError(f"{path}: no readable trace to export ({why})")
@@ -527,7 +529,7 @@ def export_perfetto(path: Path, out: Path, analysis: Analysis | None = None,
     except TraceError as e:  # read once already: the file changed while it was exported
         raise UserError(f"{e} (while exporting)") from None
     return ExportResult(out, tuple(sorted(ranks.windows)), dict(sorted(ranks.missing.items())), sink.events,
-                        dropped, len(tl.collectives), out.stat().st_size, no_path, tl.notices)
+                        dropped, len(tl.collectives), out.stat().st_size, no_path, (*ranks.notices, *tl.notices))
 
 
 def _write_ranks(ranks: _Ranks, tl: jt.JobTimeline, marks: _Marks, sink: _Sink, ids: Iterable[int],

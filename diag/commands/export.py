@@ -70,6 +70,8 @@ def execute(args: argparse.Namespace) -> int:
     analysis = load_or_analyze(path, jobs=args.jobs, force=args.force, quiet=args.quiet)
     with _progress(args.quiet) as progress:
         res = export_perfetto(path, out, analysis, progress, only)
+    for said in res.notices:
+        print(f"pardiag: note: {said}", file=sys.stderr)
     for r, why in res.missing.items():
         print(f"pardiag: warning: rank {r} left out of the export: {why}", file=sys.stderr)
     if res.critical_path is not None:

@@ -260,6 +260,7 @@ def test_an_export_among_the_traces_is_no_rank(tmp_path: Path) -> None:
     assert any("job.json.gz: a whole job exported by `pardiag export`" in n.message for n in a.notices)
     again = run_pardiag("export", str(traces), "--perfetto", "-o", str(traces / "job.json.gz"))
     assert again.returncode == 0 and "events of 2 ranks" in again.stdout
+    assert "note: job.json.gz: a whole job exported by `pardiag export`, not a rank's trace; left out" in again.stderr
     alone = run_pardiag("analyze", str(traces / "job.json.gz"))
     assert alone.returncode == 2 and "not a rank's trace" in alone.stderr
 
