@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import gzip
 import itertools
-import math
 from collections import defaultdict
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -41,37 +40,18 @@ from pardiag.analysis import Analysis, Notice, Straggler
 from pardiag.analyzers import job_timeline as jt
 from pardiag.analyzers.pipeline import REPLAY_MAX_BYTES, RankInput, find_inputs
 from pardiag.analyzers.trace import (
-    EXPORT_MARK, RawEvent, Trace, TraceError, load_trace, stream_events, trace_head)
+    EXPORT_MARK, Trace, TraceError, load_trace, stream_events, trace_head)
 from pardiag.errors import UserError
+from pardiag.trace_events import Event, EventSink, RankEvents, lane_numbers, meta, slice_event
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
-# pardiag's tracks in each rank's process; the rank's own threads are numbered from SOURCE_TID
+# pardiag's tracks in each rank's process; the rank's own threads are numbered from
+# trace_events.SOURCE_TID
 STEPS_TID = 1
 PATH_TID = 2  # critical-path lanes: 2, 3, ...
 COLL_TID = 10  # matched-collective lanes: 10, 11, ...
-SOURCE_TID = 1000
-PROFILER_THREAD = ("profiler", None)  # where Kineto's marks on pseudo-processes go
 CAT_STEP, CAT_COLL, CAT_PATH, CAT_MARK = "pardiag.step", "pardiag.collective", "pardiag.critical_path", "pardiag"
-FLOW_PHASES = frozenset("stf")
-ASYNC_PHASES = frozenset("ben")
-PASSED_PHASES = frozenset("XiICBE") | ASYNC_PHASES
-
-
-class _Out(msgspec.Struct, omit_defaults=True, gc=False):
-    """One event as written (fields left at their default are left out)."""
-
-    name: str
-    ph: str
-    ts: float
-    pid: int
-    tid: int
-    dur: float | None = None
-    cat: str | None = None
-    id: int | None = None
-    bp: str | None = None
-    s: str | None = None
-    args: Any = None
 
 
 @dataclass(frozen=True)
@@ -187,191 +167,6 @@ def _timeline(path: Path, analysis: Analysis | None, progress: Progress | None, 
     return ranks, tl, no_path
 
 
-# ------------------------------------------------------------------------------ writing
-class _Sink:
-    """The trace-event list being written: events go out block by block."""
-
-    def __init__(self, f: BinaryIO) -> None:
-        self.f = f
-        self.events = 0
-        self.encoder = msgspec.json.Encoder()
-
-    def write(self, events: Sequence[_Out]) -> None:
-        if not events:
-            return
-        body = self.encoder.encode(events)[1:-1]
-        self.f.write(b",\n" + body if self.events else body)
-        self.events += len(events)
-
-
-_NUMBER = (int, float)
-
-
-def _finite(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-class _RankWriter:
-    """One rank's events, converted as they are read: pid = rank, threads renumbered,
-    times on the job's clock; thread names, Kineto's flows and pardiag's tracks at the end."""
-
-    def __init__(self, rank: int, shift_us: float, sink: _Sink, ids: Iterable[int]) -> None:
-        self.rank, self.shift, self.sink, self.ids = rank, shift_us, sink, iter(ids)
-        self.tids: dict[tuple[Any, Any], int] = {}  # the rank's threads: (pid, tid) -> thread id written
-        self.seen: dict[tuple[Any, Any], int] = {}  # (pid, tid) as met -> thread id written
-        self.thread_names: dict[tuple[Any, Any], str] = {}
-        self.labels: dict[Any, str] = {}
-        self.flows: dict[tuple[Any, Any], list[_Out]] = defaultdict(list)
-        self.async_ids: dict[tuple[Any, Any], int] = {}
-        self.dropped = 0
-
-    def tid(self, pid: Any, tid: Any) -> int:
-        # Kineto's own marks ("Traces", "") and anything that is no thread id go to one thread
-        key = (pid, tid) if type(pid) is int and type(tid) in (int, str) else PROFILER_THREAD
-        t = self.tids.get(key)
-        if t is None:
-            t = self.tids[key] = SOURCE_TID + len(self.tids)
-        return t
-
-    def on_events(self, events: list[RawEvent]) -> None:
-        """The hot loop: a complete event with numeric times (nearly all of a trace) is
-        converted here, anything else by ``_convert``."""
-        out: list[_Out] = []
-        append = out.append
-        rank, shift, seen, isfinite = self.rank, self.shift, self.seen, math.isfinite
-        for e in events:
-            ts, dur = e.ts, e.dur
-            if (e.ph == "X" and type(ts) in _NUMBER and type(dur) in _NUMBER and dur >= 0  # type: ignore[operator]
-                    and isfinite(ts + dur) and e.cat != "Trace" and type(e.pid) is int  # type: ignore[operator]
-                    and type(e.tid) is int):
-                tid = seen.get((e.pid, e.tid))
-                if tid is None:
-                    tid = seen[(e.pid, e.tid)] = self.tid(e.pid, e.tid)
-                t = ts - shift  # type: ignore[operator]
-                # both ends through the same shift and rounding, so that nested events stay nested
-                # (an event earlier than every rank's first timed event is cut at the job's start)
-                start, end = round(t if t > 0 else 0.0, 3), round(t + dur if t + dur > 0 else 0.0, 3)  # type: ignore[operator]
-                append(_Out(e.name if e.name is not None else "(unnamed)", "X", start, rank, tid,
-                            dur=round(end - start, 3), cat=e.cat, args=e.args if len(e.args) else None))
-                continue
-            o = self._convert(e)
-            if o is not None:
-                append(o)
-        self.sink.write(out)
-
-    def _convert(self, e: RawEvent) -> _Out | None:  # noqa: C901 - one case per phase
-        ph = e.ph or ("X" if e.dur is not None else None)
-        if ph == "M":
-            self._metadata(e)
-            return None
-        if e.cat == "Trace":  # Kineto's span of the whole recording, on a process of its own
-            return None
-        if ph is None or not _finite(e.ts) or (ph not in PASSED_PHASES and ph not in FLOW_PHASES):
-            self.dropped += 1
-            return None
-        ts = float(e.ts) - self.shift  # type: ignore[arg-type]
-        args = e.args if len(e.args) else None
-        name = e.name if e.name is not None else "(unnamed)"
-        tid = self.tid(e.pid, e.tid)
-        if ph == "X":
-            if not _finite(e.dur) or e.dur < 0:  # type: ignore[operator]
-                self.dropped += 1
-                return None
-            # both ends through the same shift and rounding, so that nested events stay nested
-            # (an event earlier than every rank's first timed event is cut at the job's start)
-            start, end = round(max(ts, 0.0), 3), round(max(ts + float(e.dur), 0.0), 3)  # type: ignore[arg-type]
-            return _Out(name, "X", start, self.rank, tid, dur=round(end - start, 3), cat=e.cat, args=args)
-        if ph in FLOW_PHASES:
-            if e.id is not None and ts >= 0:
-                self.flows[(e.cat, e.id)].append(_Out(name, ph, round(ts, 3), self.rank, tid, cat=e.cat, bp=e.bp))
-            else:
-                self.dropped += 1
-            return None
-        ident = None
-        if ph in ASYNC_PHASES:
-            key = (e.cat, e.id)
-            ident = self.async_ids.get(key)
-            if ident is None:
-                ident = self.async_ids[key] = next(self.ids)
-        scope = "p" if e.s == "g" else e.s  # the rank's, not the whole job's
-        return _Out(name, ph, round(max(ts, 0.0), 3), self.rank, tid, cat=e.cat, id=ident,
-                    s=scope if ph in "iI" else None, args=args)
-
-    def _metadata(self, e: RawEvent) -> None:
-        """Thread names and process labels are kept (to name the rank's threads); the
-        source's process names and sort orders give way to the rank's."""
-        if e.name not in ("thread_name", "process_labels") or not len(e.args):
-            return
-        try:
-            args = msgspec.json.decode(e.args)
-        except msgspec.DecodeError:
-            return
-        if not isinstance(args, dict):
-            return
-        if e.name == "thread_name" and isinstance(args.get("name"), str):
-            self.thread_names[(e.pid, e.tid)] = args["name"].strip()
-        elif e.name == "process_labels" and isinstance(args.get("labels"), str):
-            self.labels[e.pid] = args["labels"].strip()
-
-    def finish(self, main_tid: int | None) -> None:
-        """Kineto's flows whose both ends are here, and the names of the rank's threads."""
-        out: list[_Out] = []
-        for events in self.flows.values():
-            phases = [o.ph for o in events]
-            if phases.count("s") != 1 or phases.count("f") != 1:
-                continue  # an end outside the window: nothing to join
-            ident = next(self.ids)
-            start = next(o for o in events if o.ph == "s")
-            if any(o.ts < start.ts for o in events):
-                continue
-            for o in events:
-                o.id = ident
-                out.append(o)
-        for (pid, tid), new in self.tids.items():
-            name, sort = self._thread_name(pid, tid, main_tid)
-            out.append(_meta("thread_name", self.rank, new, {"name": name}))
-            out.append(_meta("thread_sort_index", self.rank, new, {"sort_index": sort if sort is not None else new}))
-        self.sink.write(out)
-
-    def _thread_name(self, pid: Any, tid: Any, main_tid: int | None) -> tuple[str, int | None]:
-        if (pid, tid) == PROFILER_THREAD:
-            return "profiler", None
-        name = self.thread_names.get((pid, tid)) or f"thread {tid}"
-        label = self.labels.get(pid, "")
-        if label.startswith("GPU"):  # Kineto's device "process": its threads are the streams
-            return f"{label} {name}", 1_000_000 + tid if isinstance(tid, int) else None
-        if tid == main_tid:
-            return f"{name}: training loop", 0
-        return name, None
-
-
-def _meta(name: str, pid: int, tid: int, args: dict[str, Any]) -> _Out:
-    return _Out(name, "M", 0.0, pid, tid, args=args)
-
-
-def _slice(name: str, start: float, end: float, pid: int, tid: int, cat: str, args: dict[str, Any]) -> _Out:
-    """An "X" event from its two ends, each rounded to the nanosecond (a slice inside
-    another one stays inside it)."""
-    s, e = round(start, 3), round(end, 3)
-    return _Out(name, "X", s, pid, tid, dur=round(max(e - s, 0.0), 3), cat=cat, args=args)
-
-
-def _lanes(spans: Sequence[tuple[float, float]]) -> list[int]:
-    """For intervals in any order, the lowest lane where each fits after the ones before it
-    (by start): slices on one track must nest, and these only touch."""
-    ends: list[float] = []
-    lane = [0] * len(spans)
-    for i in sorted(range(len(spans)), key=lambda i: spans[i]):
-        s, e = spans[i]
-        k = next((j for j, end in enumerate(ends) if end <= s), len(ends))
-        if k == len(ends):
-            ends.append(e)
-        else:
-            ends[k] = e
-        lane[i] = k
-    return lane
-
-
 # ------------------------------------------------------------------------------ pardiag's tracks
 @dataclass(frozen=True)
 class _Marks:
@@ -398,7 +193,7 @@ def _collective_tracks(tl: jt.JobTimeline) -> tuple[dict[tuple[int, int], int], 
     lane_of: dict[tuple[int, int], int] = {}
     count: dict[int, int] = {}
     for r, items in per_rank.items():
-        lanes = _lanes([(s, e) for _, s, e in items])
+        lanes = lane_numbers([(s, e) for _, s, e in items])
         for (i, _, _), k in zip(items, lanes):
             lane_of[(i, r)] = k
         count[r] = max(lanes) + 1 if lanes else 0
@@ -415,7 +210,7 @@ def _anchor(m: jt.Member) -> float:
     return (m.start_us + end) / 2
 
 
-def _collective_events(tl: jt.JobTimeline, rank: int, lane_of: Mapping[tuple[int, int], int]) -> list[_Out]:
+def _collective_events(tl: jt.JobTimeline, rank: int, lane_of: Mapping[tuple[int, int], int]) -> list[Event]:
     out = []
     for c in tl.collectives:
         for m in c.members:
@@ -426,19 +221,19 @@ def _collective_events(tl: jt.JobTimeline, rank: int, lane_of: Mapping[tuple[int
             args = {"instance": c.index, "process_group": c.process_group, "step": c.step, "position": c.position,
                     "bytes": c.bytes, "wait_us": round(m.wait_us, 3), "transfer_us": round(m.transfer_us, 3),
                     "timing": m.timing, "ranks": [x.rank for x in c.members]}
-            out.append(_slice(c.op, m.start_us, end, rank, tid, CAT_COLL, args))
+            out.append(slice_event(c.op, m.start_us, end, rank, tid, CAT_COLL, args))
             if m.timing == "launch":
                 continue
             split = min(max(m.start_us + m.wait_us, m.start_us), end)  # the last rank arrived: data moves
             if split > m.start_us:
-                out.append(_slice("wait", m.start_us, split, rank, tid, CAT_COLL,
+                out.append(slice_event("wait", m.start_us, split, rank, tid, CAT_COLL,
                                   {"waited_for_others_us": round(m.wait_us, 3)}))
             if end > split and m.transfer_us > 0:
-                out.append(_slice("transfer", split, end, rank, tid, CAT_COLL, {"transfer_us": round(m.transfer_us, 3)}))
+                out.append(slice_event("transfer", split, end, rank, tid, CAT_COLL, {"transfer_us": round(m.transfer_us, 3)}))
     return out
 
 
-def _collective_flows(tl: jt.JobTimeline, lane_of: Mapping[tuple[int, int], int], ids: Iterable[int]) -> list[_Out]:
+def _collective_flows(tl: jt.JobTimeline, lane_of: Mapping[tuple[int, int], int], ids: Iterable[int]) -> list[Event]:
     """One flow per matched collective, through its members in the order of their anchor
     times: "s" on the first, "t" on the middle ones, "f" on the last."""
     out = []
@@ -448,12 +243,12 @@ def _collective_flows(tl: jt.JobTimeline, lane_of: Mapping[tuple[int, int], int]
         order = sorted(c.members, key=lambda m: (round(_anchor(m), 3), m.rank))
         for k, m in enumerate(order):
             ph = "s" if k == 0 else "f" if k == len(order) - 1 else "t"
-            out.append(_Out(c.op, ph, round(_anchor(m), 3), m.rank, COLL_TID + lane_of[(c.index, m.rank)],
+            out.append(Event(c.op, ph, round(_anchor(m), 3), m.rank, COLL_TID + lane_of[(c.index, m.rank)],
                             cat=CAT_COLL, id=ident, bp="e" if ph == "f" else None))
     return out
 
 
-def _step_events(tl: jt.JobTimeline, rank: int, marks: _Marks) -> list[_Out]:
+def _step_events(tl: jt.JobTimeline, rank: int, marks: _Marks) -> list[Event]:
     out = []
     lag = marks.stragglers.get(rank)
     median = marks.critical_path.get("step") if marks.critical_path else None
@@ -466,36 +261,36 @@ def _step_events(tl: jt.JobTimeline, rank: int, marks: _Marks) -> list[_Out]:
             args["straggler"] = lag.cause
         if tile.step == median and marks.critical_path and marks.critical_path.get("rank") == rank:
             args["critical_path"] = marks.critical_path
-            out.append(_Out(f"critical path of the median step ({tile.step})", "i", round(tile.end_us, 3), rank,
+            out.append(Event(f"critical path of the median step ({tile.step})", "i", round(tile.end_us, 3), rank,
                             STEPS_TID, cat=CAT_MARK, s="t", args=marks.critical_path))
-        out.append(_slice(f"step {tile.step}", tile.start_us, tile.end_us, rank, STEPS_TID, CAT_STEP, args))
+        out.append(slice_event(f"step {tile.step}", tile.start_us, tile.end_us, rank, STEPS_TID, CAT_STEP, args))
     if lag is not None:
         first = tl.steps[rank][0].start_us if tl.steps.get(rank) else 0.0
-        out.append(_Out(f"straggler: {lag.cause}", "i", round(first, 3), rank, STEPS_TID, cat=CAT_MARK, s="t",
+        out.append(Event(f"straggler: {lag.cause}", "i", round(first, 3), rank, STEPS_TID, cat=CAT_MARK, s="t",
                         args={"excess_us_per_step": lag.excess_us_per_step, "held_us_per_step": lag.held_us_per_step,
                               "cause": lag.cause, "evidence": lag.evidence}))
     return out
 
 
-def _path_events(tl: jt.JobTimeline, rank: int) -> tuple[list[_Out], int]:
+def _path_events(tl: jt.JobTimeline, rank: int) -> tuple[list[Event], int]:
     """The critical-path marks on the rank (steps' paths may overlap: lanes); their lanes."""
     mine = [(step, ending, m) for step, (ending, ms) in sorted(tl.paths.items()) for m in ms if m.rank == rank]
-    lanes = _lanes([(m.start_us, m.end_us) for _, _, m in mine])
-    out = [_slice(m.name, m.start_us, m.end_us, rank, PATH_TID + k, CAT_PATH,
+    lanes = lane_numbers([(m.start_us, m.end_us) for _, _, m in mine])
+    out = [slice_event(m.name, m.start_us, m.end_us, rank, PATH_TID + k, CAT_PATH,
                   {"step": step, "step_ends_on_rank": ending, "on_path_us": round(m.on_path_us, 3), "kind": m.kind,
                    "phase": m.phase})
            for (step, ending, m), k in zip(mine, lanes)]
     return out, (max(lanes) + 1 if lanes else 0)
 
 
-def _process_events(rank: int, host: str | None, labels: Sequence[str], tracks: Mapping[int, str]) -> list[_Out]:
-    out = [_meta("process_name", rank, 0, {"name": f"rank {rank} ({host})" if host else f"rank {rank}"}),
-           _meta("process_sort_index", rank, 0, {"sort_index": rank})]
+def _process_events(rank: int, host: str | None, labels: Sequence[str], tracks: Mapping[int, str]) -> list[Event]:
+    out = [meta("process_name", rank, 0, {"name": f"rank {rank} ({host})" if host else f"rank {rank}"}),
+           meta("process_sort_index", rank, 0, {"sort_index": rank})]
     if labels:
-        out.append(_meta("process_labels", rank, 0, {"labels": ", ".join(labels)}))
+        out.append(meta("process_labels", rank, 0, {"labels": ", ".join(labels)}))
     for tid, name in tracks.items():
-        out.append(_meta("thread_name", rank, tid, {"name": name}))
-        out.append(_meta("thread_sort_index", rank, tid, {"sort_index": -1000 + tid}))
+        out.append(meta("thread_name", rank, tid, {"name": name}))
+        out.append(meta("thread_sort_index", rank, tid, {"sort_index": -1000 + tid}))
     return out
 
 
@@ -520,7 +315,7 @@ def export_perfetto(path: Path, out: Path, analysis: Analysis | None = None,
             # otherData before the events: a reader of a folder of traces knows the file from its head
             f.write(b'{"displayTimeUnit": "ms",\n"otherData": ' + msgspec.json.encode(_other_data(path, ranks, tl, marks, no_path))
                     + b',\n"traceEvents": [\n')
-            sink = _Sink(f)
+            sink = EventSink(f)
             dropped = _write_ranks(ranks, tl, marks, sink, ids, lane_of, coll_lanes, progress)
             sink.write(_collective_flows(tl, lane_of, ids))
             f.write(b"\n]}\n")
@@ -532,7 +327,7 @@ def export_perfetto(path: Path, out: Path, analysis: Analysis | None = None,
                         dropped, len(tl.collectives), out.stat().st_size, no_path, (*ranks.notices, *tl.notices))
 
 
-def _write_ranks(ranks: _Ranks, tl: jt.JobTimeline, marks: _Marks, sink: _Sink, ids: Iterable[int],
+def _write_ranks(ranks: _Ranks, tl: jt.JobTimeline, marks: _Marks, sink: EventSink, ids: Iterable[int],
                  lane_of: Mapping[tuple[int, int], int], coll_lanes: Mapping[int, int],
                  progress: Progress | None) -> int:
     """Every rank's process: its own events, then pardiag's tracks; ranks left out get a
@@ -545,10 +340,10 @@ def _write_ranks(ranks: _Ranks, tl: jt.JobTimeline, marks: _Marks, sink: _Sink, 
         host = ranks.hosts.get(r)
         if r in ranks.missing:
             sink.write(_process_events(r, host, [f"no trace: {ranks.missing[r]}"], {STEPS_TID: "steps"}) +
-                       [_Out(f"rank {r}: no trace ({ranks.missing[r]})", "i", 0.0, r, STEPS_TID, cat=CAT_MARK, s="p")])
+                       [Event(f"rank {r}: no trace ({ranks.missing[r]})", "i", 0.0, r, STEPS_TID, cat=CAT_MARK, s="p")])
             continue
         w = ranks.windows[r]
-        writer = _RankWriter(r, tl.offsets_us.get(r, 0.0) + tl.zero_us, sink, ids)
+        writer = RankEvents(r, tl.offsets_us.get(r, 0.0) + tl.zero_us, sink, ids)
         stream_events(ranks.files[r], writer.on_events)
         writer.finish(w.main_tid)
         dropped += writer.dropped
