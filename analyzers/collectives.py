@@ -58,11 +58,48 @@ def _key(calls: Sequence[CollectiveCall]) -> list[tuple[str, int | None, int]]:
     return keys
 
 
-def match(per_rank: Mapping[int, Sequence[CollectiveCall]]) -> MatchResult:
-    instances: dict[tuple[str, int | None, int], dict[int, CollectiveCall]] = defaultdict(dict)
+Key = tuple[str, "int | None", int]  # (process group, step, position in the group's calls of that step)
+
+
+def _instances(per_rank: Mapping[int, Sequence[CollectiveCall]]) -> dict[Key, dict[int, CollectiveCall]]:
+    """Each collective instance (key) with its call on every rank that has it, keys in
+    (group, step, position) order, ranks in rank order."""
+    instances: dict[Key, dict[int, CollectiveCall]] = defaultdict(dict)
     for rank, calls in sorted(per_rank.items()):  # rank order: results never depend on arrival order
         for key, call in zip(_key(calls), calls):
             instances[key][rank] = call
+    return {k: instances[k] for k in sorted(instances, key=lambda k: (k[0], -1 if k[1] is None else k[1], k[2]))}
+
+
+def _left_out(by_rank: Mapping[int, CollectiveCall], several: bool) -> str | None:
+    """Why `match` leaves an instance out ("mismatched": different ops at one position;
+    "mismatched_size": different sizes where the op moves the same amount on every rank;
+    "unmatched": seen on one rank of several), or None when it is one collective."""
+    if len({c.op for c in by_rank.values()}) > 1:
+        return "mismatched"
+    first = next(iter(by_rank.values()))
+    sizes = [c.bytes for c in by_rank.values() if c.bytes]
+    if len(set(sizes)) > 1 and not _uneven_ok(first.op):
+        # an all-reduce of 19 MB on one rank and 26 MB on the other is not one collective:
+        # the ranks' k-th calls are different operations (a sampled trace, unnamed groups)
+        return "mismatched_size"
+    if len(by_rank) < 2 and several:
+        # seen on one rank only (windows that start or end at different steps): its
+        # duration holds an unknown wait, so it is counted, not timed as a transfer
+        return "unmatched"
+    return None
+
+
+def matched_instances(per_rank: Mapping[int, Sequence[CollectiveCall]]) -> list[tuple[Key, dict[int, CollectiveCall]]]:
+    """The collective instances `match` counts (its `calls`), each with its call on every
+    rank that has it: one op, one size (unless the op may send uneven amounts), on two
+    ranks or more when several ranks are given."""
+    several = len(per_rank) > 1
+    return [(k, b) for k, b in _instances(per_rank).items() if _left_out(b, several) is None]
+
+
+def match(per_rank: Mapping[int, Sequence[CollectiveCall]]) -> MatchResult:
+    instances = _instances(per_rank)
 
     agg: dict[tuple[str, str], dict[str, float]] = {}
     meta: dict[tuple[str, str], dict[str, object]] = {}
@@ -73,25 +110,20 @@ def match(per_rank: Mapping[int, Sequence[CollectiveCall]]) -> MatchResult:
     transfer_iv: dict[int, list[tuple[float, float]]] = defaultdict(list)
     wait_detail: dict[tuple[str, str], dict[int, float]] = defaultdict(lambda: defaultdict(float))
     unmatched = mismatched = launch_only = unnamed = mismatched_size = 0
-    for key in sorted(instances, key=lambda k: (k[0], -1 if k[1] is None else k[1], k[2])):
-        by_rank = instances[key]
-        ops = {c.op for c in by_rank.values()}
-        if len(ops) > 1:
+    for key, by_rank in instances.items():
+        why = _left_out(by_rank, len(per_rank) > 1)
+        if why == "mismatched":
             mismatched += 1
             unnamed += key[0].startswith("?")
             continue
-        first = next(iter(by_rank.values()))
-        sizes = [c.bytes for c in by_rank.values() if c.bytes]
-        if len(set(sizes)) > 1 and not _uneven_ok(first.op):
-            # an all-reduce of 19 MB on one rank and 26 MB on the other is not one collective:
-            # the ranks' k-th calls are different operations (a sampled trace, unnamed groups)
+        if why == "mismatched_size":
             mismatched_size += 1
             continue
-        if len(by_rank) < 2 and len(per_rank) > 1:
-            # seen on one rank only (windows that start or end at different steps): its
-            # duration holds an unknown wait, so it is counted, not timed as a transfer
+        if why == "unmatched":
             unmatched += 1
             continue
+        first = next(iter(by_rank.values()))
+        sizes = [c.bytes for c in by_rank.values() if c.bytes]
         if any(c.timing == "launch" for c in by_rank.values()):
             # only the enqueue was seen: count it, do not time it
             durs = {r: 0.0 for r in by_rank}
@@ -186,13 +218,8 @@ def transfers(per_rank: Mapping[int, Sequence[CollectiveCall]], op: str = "all_r
     matches them (waiting left out: the shortest duration across ranks); instances seen on
     one rank of several, of different ops or sizes on different ranks, unsized, or whose
     kernels the trace lacks are left out."""
-    instances: dict[tuple[str, int | None, int], dict[int, CollectiveCall]] = defaultdict(dict)
-    for rank, calls in sorted(per_rank.items()):
-        for key, call in zip(_key(calls), calls):
-            instances[key][rank] = call
     out = []
-    for key in sorted(instances, key=lambda k: (k[0], -1 if k[1] is None else k[1], k[2])):
-        by_rank = instances[key]
+    for by_rank in _instances(per_rank).values():
         if {c.op for c in by_rank.values()} != {op} or (len(by_rank) < 2 and len(per_rank) > 1):
             continue
         sizes = {c.bytes for c in by_rank.values()}

@@ -21,7 +21,7 @@ from pardiag.analyzers.groups import process_groups
 from pardiag.analyzers.rank_trace import RankTrace, analyze_rank_trace
 from pardiag.analyzers.steps import step_stats
 from pardiag.analyzers.stragglers import RankEvidence, find_stragglers, step_tiles, step_waits
-from pardiag.analyzers.trace import trace_head
+from pardiag.analyzers.trace import is_merged_export, trace_head
 from pardiag.errors import UserError
 from pardiag.rank_meta import RankMeta
 from pardiag.run_info import FrameworkInfo, RunInfo
@@ -95,6 +95,9 @@ def find_inputs(
     if path.is_file():
         if not TRACE_NAME.match(path.name):
             raise UserError(f"{path}: not a trace (.json or .json.gz) nor a run directory")
+        if is_merged_export(trace_head(path)):
+            raise UserError(f"{path}: a whole job exported by `pardiag export`, not a rank's trace "
+                            "(open it in ui.perfetto.dev)")
         return None, _plain_traces([path], notices)
     if rundir.is_run_dir(path):
         run = rundir.RunDir(path)
@@ -108,7 +111,10 @@ def find_inputs(
         if allow_empty:
             return None, []
         raise UserError(f"{path}: no run directory and no trace files (*.json, *.json.gz) in it")
-    return None, _plain_traces(files, notices)
+    inputs = _plain_traces(files, notices)
+    if not inputs and not allow_empty:
+        raise UserError(f"{path}: no rank's trace in it, only whole jobs exported by `pardiag export`")
+    return None, inputs
 
 
 def _plain_traces(files: list[Path], notices: list[Notice]) -> list[RankInput]:
@@ -120,6 +126,10 @@ def _plain_traces(files: list[Path], notices: list[Notice]) -> list[RankInput]:
     unranked = []
     for f in files:
         head = trace_head(f)
+        if is_merged_export(head):
+            notices.append(Notice("info", f"{f.name}: a whole job exported by `pardiag export`, not a rank's trace; "
+                                          "left out"))
+            continue
         info = head.get("distributedInfo")
         r = info.get("rank") if isinstance(info, dict) and type(info.get("rank")) is int else rank_of(f)
         if r is None:
@@ -213,6 +223,7 @@ def analyze_path(
         if hang:
             notices.append(Notice("error", f"hang: {hang.summary}"))
     stragglers = find_stragglers(evidence)
+    step_timeline = _step_timeline(inputs, traces, [s.rank for s in stragglers])
     second = _extra_window(run, inputs, step_records, metas, ranks, jobs, notices) if run is not None else None
     over_time = None
     if run is not None:
@@ -256,8 +267,23 @@ def analyze_path(
         summary=summary,
         temporal=over_time.to_dict() if over_time is not None else None,
         extra_window=second,
+        step_timeline=step_timeline,
     ), nccl=nccl_report, telemetry=telemetry)
     return _estimates(advised, inputs, step_records, run, notices)
+
+
+def _step_timeline(inputs: Sequence[RankInput], traces: Mapping[int, RankTrace],
+                   first: Sequence[int]) -> dict[str, Any] | None:
+    """One step of every rank on the replay's clock (ranks of one host share it: the hosts
+    as the traces name them, as ``replay.model_of`` reads them)."""
+    from pardiag.analyzers.job_timeline import step_view
+
+    hosts: dict[int, str | None] = {}
+    for i in inputs:
+        if i.trace is not None and i.rank in traces:
+            h = (i.head if i.head is not None else trace_head(i.trace)).get("host_name")
+            hosts[i.rank] = h if isinstance(h, str) and h else None
+    return step_view(traces, hosts, first)
 
 
 REPLAY_MAX_BYTES = 1 << 30

@@ -37,7 +37,7 @@ import numpy.typing as npt
 
 from pardiag.analyzers.intervals import Intervals
 from pardiag.analyzers.kernels import KernelKind, event_kinds
-from pardiag.analyzers.timeline import clip, coverage, forward_fill
+from pardiag.analyzers.timeline import clip, coverage, coverage_cuts, forward_fill
 from pardiag.analyzers.trace import CpuOps, Trace
 
 STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -106,6 +106,9 @@ class RankTrace:
     # per profiled step (its tile: to the next step's start), the breakdown's categories;
     # they sum to the step's length, and over the steps to `breakdown_us`
     breakdown_per_step_us: dict[int, dict[str, float]] = field(default_factory=dict)
+    # per profiled step, its time in order: (start, end, category) runs on the rank's clock
+    # that tile the step (`step_segments`), for a chart of the step
+    segments_per_step_us: dict[int, tuple[tuple[float, float, str], ...]] = field(default_factory=dict)
 
 
 def profiled_steps(trace: Trace) -> tuple[tuple[StepSpan, ...], int | None]:
@@ -139,21 +142,29 @@ def _select(trace: Trace, mask: npt.NDArray[np.bool_]) -> Intervals:
     return trace.cpu.ts_us[mask], trace.cpu.ts_us[mask] + trace.cpu.dur_us[mask]
 
 
+def profiled_window(trace: Trace, drop_last_step: bool = False
+                    ) -> tuple[tuple[StepSpan, ...], int | None, tuple[float, float]]:
+    """The recorded steps, the thread of the training loop and the window they span: from
+    the first step's start to the last one's end (the whole trace when no step is marked).
+    ``drop_last_step``: see ``analyze_rank_trace``."""
+    steps, main_tid = profiled_steps(trace)
+    if drop_last_step and len(steps) > 1:
+        steps = steps[:-1]
+    if steps:
+        return steps, main_tid, (steps[0].start_us, max(steps[0].start_us, steps[-1].end_us))
+    lo = float(trace.min_ts_us) if math.isfinite(trace.min_ts_us) else 0.0
+    ends = [trace.cpu.ts_us + trace.cpu.dur_us, trace.gpu.ts_us + trace.gpu.dur_us]
+    hi = max((float(np.nanmax(e)) for e in ends if e.size), default=lo)
+    return steps, main_tid, (lo, max(lo, hi) if math.isfinite(hi) else lo)
+
+
 def analyze_rank_trace(trace: Trace, drop_last_step: bool = False) -> RankTrace:
     """`drop_last_step` for a window cut short by the process exiting: its last
     `ProfilerStep` is the unfinished step (or the script's tail after the loop)."""
-    steps, main_tid = profiled_steps(trace)
+    steps, main_tid, window = profiled_window(trace, drop_last_step)
     notices: list[str] = []
-    if drop_last_step and len(steps) > 1:
-        steps = steps[:-1]
     if not steps:
         notices.append("no ProfilerStep in the trace: the window is the whole trace")
-        lo = float(trace.min_ts_us) if math.isfinite(trace.min_ts_us) else 0.0
-        ends = [trace.cpu.ts_us + trace.cpu.dur_us, trace.gpu.ts_us + trace.gpu.dur_us]
-        hi = max((float(np.nanmax(e)) for e in ends if e.size), default=lo)
-        window = (lo, max(lo, hi) if math.isfinite(hi) else lo)
-    else:
-        window = (steps[0].start_us, max(steps[0].start_us, steps[-1].end_us))
 
     cpu = trace.cpu
     names = trace.names
@@ -203,6 +214,7 @@ def analyze_rank_trace(trace: Trace, drop_last_step: bool = False) -> RankTrace:
 
     phases_per_step = {}
     breakdown_per_step: dict[int, dict[str, float]] = {}
+    segments_per_step: dict[int, tuple[tuple[float, float, str], ...]] = {}
     layers_base = (dl, _select(trace, is_opt & on_train), _select(trace, is_bwd))
     op_mask = is_op & on_train & ~is_dl
     L = trace.launches
@@ -217,6 +229,7 @@ def analyze_rank_trace(trace: Trace, drop_last_step: bool = False) -> RankTrace:
         phases_per_step[sp.step], where = _phases((sp.start_us, end), layers_base, trace, op_mask, is_bwd, blocked)
         if sp.step >= 0:
             breakdown_per_step[sp.step] = _breakdown((sp.start_us, end), *layers)
+            segments_per_step[sp.step] = step_segments((sp.start_us, end), *layers)
         for k, v in where.items():
             host_gaps[k] = host_gaps.get(k, 0.0) + v
     phases = {p: sum(d[p] for d in phases_per_step.values()) for p in PHASES}
@@ -232,6 +245,7 @@ def analyze_rank_trace(trace: Trace, drop_last_step: bool = False) -> RankTrace:
         collectives=tuple(collective_calls(trace, steps, window)),
         host_gaps_us=host_gaps,
         breakdown_per_step_us=breakdown_per_step,
+        segments_per_step_us=segments_per_step,
         threads={"main": main_tid if main_tid is not None else -1, "backward": len(bwd_tids)},
         notices=tuple(notices),
         world_size=trace.distributed.world_size if trace.distributed else None,
@@ -380,22 +394,61 @@ def _breakdown(
     length, cov = coverage(window, [compute, comm, memory, dataloader])
     if length.size == 0:
         return {k: 0.0 for k in ("compute", "comm_exposed", "comm_overlapped", "memcpy", "dataloader", "idle")}
+    return {k: float(length[mask].sum()) for k, mask in _category_masks(cov, dataloader_first).items()}
+
+
+def _category_masks(cov: npt.NDArray[np.bool_], dataloader_first: bool) -> dict[str, npt.NDArray[np.bool_]]:
+    """Which elementary segments go to which category of the breakdown (a partition),
+    from the coverage of compute, communication, copies and input loading."""
     c, m, mem, d = cov
     busy = c | m | mem
     dl = d if dataloader_first else d & ~busy
     rest = ~dl
-
-    def total(mask: npt.NDArray[np.bool_]) -> float:
-        return float(length[mask].sum())
-
     return {
-        "compute": total(c & ~m & rest),
-        "comm_overlapped": total(c & m & rest),
-        "comm_exposed": total(m & ~c & rest),
-        "memcpy": total(mem & ~c & ~m & rest),
-        "dataloader": total(dl),
-        "idle": total(~busy & ~dl),
+        "compute": c & ~m & rest,
+        "comm_overlapped": c & m & rest,
+        "comm_exposed": m & ~c & rest,
+        "memcpy": mem & ~c & ~m & rest,
+        "dataloader": dl,
+        "idle": ~busy & ~dl,
     }
+
+
+SEGMENTS_PER_STEP = 500
+"""A step's timeline keeps segments of at least 1/500 of the step (less than a pixel of a
+chart): shorter ones join the one before them."""
+
+
+def step_segments(
+    window: tuple[float, float],
+    compute: Intervals,
+    comm: Intervals,
+    memory: Intervals,
+    dataloader: Intervals,
+    dataloader_first: bool,
+) -> tuple[tuple[float, float, str], ...]:
+    """A step's time in order, as (start, end, breakdown category) runs that tile it: the
+    breakdown's categories where they happen. Runs shorter than the step's
+    1/``SEGMENTS_PER_STEP`` join the run before them (a chart could not show them)."""
+    cuts, cov = coverage_cuts(window, [compute, comm, memory, dataloader])
+    if cuts.size == 0:
+        return ()
+    names = list(_category_masks(cov, dataloader_first))
+    label = np.zeros(cov.shape[1], dtype=np.int64)
+    for k, mask in enumerate(_category_masks(cov, dataloader_first).values()):
+        label[mask] = k
+    change = np.flatnonzero(np.diff(label)) + 1
+    firsts = np.concatenate([[0], change]).tolist()
+    lasts = np.concatenate([change, [label.size]]).tolist()
+    shortest = (window[1] - window[0]) / SEGMENTS_PER_STEP
+    out: list[list[Any]] = []
+    for a, b in zip(firsts, lasts):
+        s, e, name = float(cuts[a]), float(cuts[b]), names[int(label[a])]
+        if out and (e - s < shortest or out[-1][2] == name):
+            out[-1][1] = e
+        else:
+            out.append([s, e, name])
+    return tuple((s, e, name) for s, e, name in out)
 
 
 def _phases(

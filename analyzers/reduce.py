@@ -25,6 +25,7 @@ def to_body(result: RankTrace, gpu: GpuTime | None, base_time_ns: int | None) ->
     d = asdict(result)
     d["phases_per_step_us"] = {str(k): v for k, v in result.phases_per_step_us.items()}
     d["breakdown_per_step_us"] = {str(k): v for k, v in result.breakdown_per_step_us.items()}
+    d["segments_per_step_us"] = {str(k): v for k, v in result.segments_per_step_us.items()}
     return {"result": d, "gpu": asdict(gpu) if gpu else None, "base_time_ns": base_time_ns}
 
 
@@ -36,6 +37,9 @@ def from_body(doc: dict[str, Any]) -> tuple[RankTrace, GpuTime | None, int | Non
     # a summary written before the per-step breakdown existed raises KeyError: `load`
     # then reads the trace again, so that the share tests have their steps
     r["breakdown_per_step_us"] = {int(k): v for k, v in r["breakdown_per_step_us"].items()}
+    # likewise for the steps' segments (the report's chart of a step)
+    r["segments_per_step_us"] = {int(k): tuple((float(a), float(b), str(c)) for a, b, c in v)
+                                 for k, v in r["segments_per_step_us"].items()}
     r["notices"] = tuple(r.get("notices") or ())
     r["pg_config"] = tuple(r.get("pg_config") or ())
     gpu = GpuTime(**doc["gpu"]) if doc.get("gpu") else None

@@ -647,6 +647,21 @@ class _RankBuilder:
                 node.dur = node.measured_end - e  # collectives: set again from their completion
 
 
+def clock_alignment(calls: Mapping[int, Sequence[CollectiveCall]],
+                    hosts: Mapping[int, str | None] | None = None) -> dict[int, float]:
+    """Each rank's clock offset from the lowest rank's (a time of rank r less its offset is
+    on the lowest rank's clock), from the ends of the ranks' collectives in their profiled
+    windows (``collectives.clock_offsets``); ranks on the host of the lowest rank share its
+    clock (offset 0); ``hosts`` None when not every rank's host is known."""
+    offsets = clock_offsets({r: end_times(c) for r, c in calls.items()})
+    if hosts and calls:
+        ref = hosts.get(min(calls))
+        for r in calls:
+            if ref is not None and hosts.get(r) == ref:
+                offsets[r] = 0.0  # one clock: aligning would hide a rank's late arrival
+    return offsets
+
+
 def build_model(traces: Mapping[int, Trace], incomplete: Iterable[int] = (),
                 hosts: Mapping[int, str | None] | None = None) -> Model:
     """The dependency model of the ranks' profiled windows. ``incomplete``: ranks whose
@@ -667,12 +682,7 @@ def build_model(traces: Mapping[int, Trace], incomplete: Iterable[int] = (),
         window = (steps[0].start_us, steps[-1].end_us)
         per_rank[r] = (steps, main, collective_calls(t, steps, window))
     builders: list[_RankBuilder] = []
-    offsets = clock_offsets({r: end_times(c) for r, (_, _, c) in per_rank.items()})
-    if hosts and per_rank:
-        ref = hosts.get(min(per_rank))
-        for r in per_rank:
-            if ref is not None and hosts.get(r) == ref:
-                offsets[r] = 0.0  # one clock: aligning would hide a rank's late arrival
+    offsets = clock_alignment({r: c for r, (_, _, c) in per_rank.items()}, hosts)
     for r, (steps, main, calls) in per_rank.items():
         off = offsets.get(r, 0.0)
         b = _RankBuilder(model, r, traces[r], steps, main, calls, off)
@@ -1115,10 +1125,23 @@ def _schedule(model: Model, ap: _Applied, dur: Sequence[float]) -> Timeline:
     return Timeline(start, end, why)
 
 
-def _critical_paths(model: Model, start: list[float], end: list[float], why: list[int],
-                    replayed: dict[int, dict[int, float]]) -> dict[int, CriticalPath]:
+@dataclass(frozen=True)
+class PathSegment:
+    """A node on a step's critical path and the part of it on the path, in replayed time
+    (a collective that waited for a later member is not on it: the path goes through that
+    member's arrival)."""
+
+    node: int
+    start_us: float
+    end_us: float
+
+
+def _path_segments(model: Model, start: list[float], end: list[float],
+                   why: list[int]) -> dict[int, tuple[int, list[PathSegment]]]:
+    """Per step: the rank whose step ended last, and the segments of the path that ended
+    it, from the end of the step back to its start (last first)."""
     nodes = model.nodes
-    out: dict[int, CriticalPath] = {}
+    out: dict[int, tuple[int, list[PathSegment]]] = {}
     step_bounds: dict[int, dict[int, tuple[float, int]]] = {}
     for r, firsts in model.steps.items():
         host = model.streams[(r, "host")]
@@ -1133,9 +1156,7 @@ def _critical_paths(model: Model, start: list[float], end: list[float], why: lis
         cands = [(end[bd[st][1]], r) for r, bd in step_bounds.items() if st in bd]
         _, rank = max(cands)
         t0, i = step_bounds[rank][st]
-        by_rank: dict[int, float] = defaultdict(float)
-        by_phase: dict[str, float] = defaultdict(float)
-        by_coll: dict[str, float] = defaultdict(float)
+        segments: list[PathSegment] = []
         seen = 0
         while i >= 0 and end[i] > t0 and seen <= len(nodes):
             seen += 1
@@ -1143,17 +1164,38 @@ def _critical_paths(model: Model, start: list[float], end: list[float], why: lis
             if w <= -2:  # it waited for the last member to arrive: the path goes through that one
                 i = -2 - w
                 continue
-            node = nodes[i]
-            lo = max(end[w] if w >= 0 else start[i] - node.delay, t0)
-            span = max(end[i] - lo, 0.0)
+            lo = max(end[w] if w >= 0 else start[i] - nodes[i].delay, t0)
+            segments.append(PathSegment(i, lo, end[i]))
+            i = w
+        out[st] = (rank, segments)
+    return out
+
+
+def _critical_paths(model: Model, start: list[float], end: list[float], why: list[int],
+                    replayed: dict[int, dict[int, float]]) -> dict[int, CriticalPath]:
+    nodes = model.nodes
+    out: dict[int, CriticalPath] = {}
+    for st, (rank, segments) in _path_segments(model, start, end, why).items():
+        by_rank: dict[int, float] = defaultdict(float)
+        by_phase: dict[str, float] = defaultdict(float)
+        by_coll: dict[str, float] = defaultdict(float)
+        for seg in segments:
+            node = nodes[seg.node]
+            span = max(seg.end_us - seg.start_us, 0.0)
             by_rank[node.rank] += span
             by_phase[node.phase] += span
             if node.kind == COLL:
                 by_coll[node.name] += span
-            i = w
         out[st] = CriticalPath(st, rank, {r: v for r, v in by_rank.items() if v > 0},
                                {p: v for p, v in by_phase.items() if v > 0}, {c: v for c, v in by_coll.items() if v > 0})
     return out
+
+
+def critical_path_segments(model: Model) -> dict[int, tuple[int, list[PathSegment]]]:
+    """The measured window's critical paths (the replay with no edit), per step: the rank
+    whose step ended last and the path's segments, from the step's end back to its start."""
+    tl = timeline(model)
+    return _path_segments(model, tl.start, tl.end, tl.why)
 
 
 def what_if(model: Model, edits: Sequence[Edit], bound: float = MAX_ERROR) -> WhatIfResult:

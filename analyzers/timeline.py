@@ -44,6 +44,13 @@ def _covered(merged: Intervals, points: F64) -> npt.NDArray[np.bool_]:
 def coverage(window: tuple[float, float], layers: Sequence[Intervals]) -> tuple[F64, npt.NDArray[np.bool_]]:
     """Lengths of the window's elementary segments, and which layers cover each
     (a K x N boolean matrix for K layers)."""
+    cuts, cov = coverage_cuts(window, layers)
+    return (np.diff(cuts) if cuts.size else np.empty(0)), cov
+
+
+def coverage_cuts(window: tuple[float, float], layers: Sequence[Intervals]) -> tuple[F64, npt.NDArray[np.bool_]]:
+    """``coverage`` with the segments' bounds instead of their lengths: N + 1 cuts for N
+    segments (none for an empty window)."""
     lo, hi = window
     merged = [union(*clip(iv, lo, hi)) for iv in layers]
     bounds = [np.array([lo, hi], dtype=np.float64)]
@@ -54,7 +61,7 @@ def coverage(window: tuple[float, float], layers: Sequence[Intervals]) -> tuple[
         return np.empty(0), np.zeros((len(layers), 0), dtype=bool)
     mid = (cuts[:-1] + cuts[1:]) / 2
     cov = np.array([_covered(m, mid) for m in merged], dtype=bool).reshape(len(layers), mid.size)
-    return np.diff(cuts), cov
+    return cuts, cov
 
 
 def segments(window: tuple[float, float], layers: Sequence[Intervals]) -> tuple[F64, npt.NDArray[np.int64]]:

@@ -37,7 +37,7 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import msgspec
 import numpy as np
@@ -340,8 +340,23 @@ class _Columns:
         return out
 
 
+class _Sink(Protocol):
+    """What the block-wise reader hands each block's events and the metadata to, and the
+    decoders it decodes them with."""
+
+    events_decoder: msgspec.json.Decoder[Any]
+    doc_decoder: msgspec.json.Decoder[Any]
+
+    def add(self, events: list[Any]) -> None: ...
+
+    def add_meta(self, doc: Any) -> None: ...
+
+
 class _Extractor:
     """Turns decoded events into columns, one block at a time."""
+
+    events_decoder = _EVENTS
+    doc_decoder = _DOC
 
     def __init__(self, python_functions: bool) -> None:
         self.cpu_cats = CPU_OP_CATEGORIES | ({"python_function"} if python_functions else set())
@@ -542,29 +557,32 @@ def _distributed_info(d: Any) -> DistributedInfo | None:
 
 
 # --------------------------------------------------------------------------- decoding
-def _decode_events(body: bytes | memoryview) -> list[_Event] | None:
+def _decode_events(body: bytes | memoryview, decoder: msgspec.json.Decoder[Any] = _EVENTS) -> list[Any] | None:
     """Decode ``[ ... ]`` of events; retry once with invalid UTF-8 replaced."""
+    events: list[Any]
     try:
-        return _EVENTS.decode(body)
+        events = decoder.decode(body)
+        return events
     except msgspec.DecodeError as exc:
         if "UTF-8" not in str(exc):
             return None
     except msgspec.ValidationError:
         return None
     try:
-        return _EVENTS.decode(str(body, "utf-8", "replace").encode("utf-8"))
+        events = decoder.decode(str(body, "utf-8", "replace").encode("utf-8"))
+        return events
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
 
 
-def _decode_doc(data: bytes) -> _Doc:
+def _decode_doc(data: bytes, decoder: msgspec.json.Decoder[Any] = _DOC) -> Any:
     """Decode a whole document; raises msgspec errors."""
     try:
-        return _DOC.decode(data)
+        return decoder.decode(data)
     except msgspec.DecodeError as exc:
         if "UTF-8" not in str(exc):
             raise
-    return _DOC.decode(data.decode("utf-8", "replace").encode("utf-8"))
+    return decoder.decode(data.decode("utf-8", "replace").encode("utf-8"))
 
 
 def _open(path: Path) -> io.BufferedIOBase:
@@ -580,7 +598,7 @@ def _pick_separator(data: bytes | bytearray) -> bytes | None:
     return found.most_common(1)[0][0] if found else None
 
 
-def _cut_and_decode(buf: bytearray, sep: bytes, ex: _Extractor) -> bytearray | None:
+def _cut_and_decode(buf: bytearray, sep: bytes, ex: _Sink) -> bytearray | None:
     """Decode the events in ``buf`` (``[`` + events text) before its last separator.
 
     The byte after the cut's ``}`` (a comma or blank) becomes ``]`` so the part
@@ -596,7 +614,7 @@ def _cut_and_decode(buf: bytearray, sep: bytes, ex: _Extractor) -> bytearray | N
             return buf if end == len(buf) else None
         saved = buf[k + 1]
         buf[k + 1] = ord("]")
-        events = _decode_events(memoryview(buf)[: k + 2])
+        events = _decode_events(memoryview(buf)[: k + 2], ex.events_decoder)
         if events is not None:
             ex.add(events)
             del events
@@ -608,7 +626,7 @@ def _cut_and_decode(buf: bytearray, sep: bytes, ex: _Extractor) -> bytearray | N
     return None
 
 
-def _decode_blockwise(path: Path, ex: _Extractor, block: int) -> bool:
+def _decode_blockwise(path: Path, ex: _Sink, block: int) -> bool:
     """Block-wise decoding; False when the layout is not the usual one."""
     with _open(path) as f:
         head = f.read(block)
@@ -625,7 +643,7 @@ def _decode_blockwise(path: Path, ex: _Extractor, block: int) -> bool:
         if m is None:
             return False
         try:
-            ex.add_meta(_decode_doc(head[:i] + b'"traceEvents": []}'))
+            ex.add_meta(_decode_doc(head[:i] + b'"traceEvents": []}', ex.doc_decoder))
         except (msgspec.DecodeError, msgspec.ValidationError):
             return False
         buf = bytearray(b"[")
@@ -650,10 +668,10 @@ def _decode_blockwise(path: Path, ex: _Extractor, block: int) -> bool:
     return _decode_tail(path, buf, ex)
 
 
-def _decode_tail(path: Path, rest: bytearray, ex: _Extractor) -> bool:
+def _decode_tail(path: Path, rest: bytearray, ex: _Sink) -> bool:
     """Decode the last events (``rest`` = ``[`` + text) and the trailing metadata."""
     try:
-        doc = _decode_doc(b'{"traceEvents":' + rest)
+        doc = _decode_doc(b'{"traceEvents":' + rest, ex.doc_decoder)
     except msgspec.ValidationError:  # a subclass of DecodeError
         return False
     except msgspec.DecodeError as exc:
@@ -666,13 +684,13 @@ def _decode_tail(path: Path, rest: bytearray, ex: _Extractor) -> bool:
     return True
 
 
-def _decode_whole(path: Path, ex: _Extractor) -> None:
+def _decode_whole(path: Path, ex: _Sink) -> None:
     with _open(path) as f:
         data = f.read()
     if not data.strip():
         raise TraceError(f"{path.name}: empty file")
     try:
-        doc = _decode_doc(data)
+        doc = _decode_doc(data, ex.doc_decoder)
     except msgspec.ValidationError as exc:  # a subclass of DecodeError
         raise TraceError(f"{path.name}: not a Kineto trace ({exc})") from None
     except msgspec.DecodeError as exc:
@@ -729,10 +747,94 @@ def load_trace(path: str | Path, *, block_bytes: int = BLOCK_BYTES,
         return ex.finish(str(p))
 
 
+# --------------------------------------------------------------------------- raw events
+class RawEvent(msgspec.Struct, gc=False):
+    """A trace event as the file holds it, for readers that pass events on (the merged
+    export): the trace-event fields by name, ``args`` kept as its undecoded JSON text
+    (empty when absent)."""
+
+    ph: str | None = None
+    cat: str | None = None
+    name: str | None = None
+    pid: Any = None
+    tid: Any = None
+    ts: int | float | None = None
+    dur: int | float | None = None
+    id: Any = None
+    bp: str | None = None
+    s: str | None = None
+    args: msgspec.Raw = _NO_RAW
+
+
+class _RawDoc(msgspec.Struct):
+    traceEvents: list[RawEvent] | None = None
+
+
+class _Delivery(Exception):
+    """The callback of ``stream_events`` failed: its own error, not the trace's."""
+
+    def __init__(self, exc: Exception) -> None:
+        super().__init__(str(exc))
+        self.exc = exc
+
+
+class _RawSink:
+    """Hands each block's events to a callback as they are decoded."""
+
+    events_decoder = msgspec.json.Decoder(list[RawEvent])
+    doc_decoder = msgspec.json.Decoder(_RawDoc)
+
+    def __init__(self, on_events: Callable[[list[RawEvent]], None]) -> None:
+        self.on_events = on_events
+        self.delivered = 0
+
+    def add(self, events: list[RawEvent]) -> None:
+        self.delivered += len(events)
+        try:
+            self.on_events(events)
+        except Exception as exc:  # kept apart from the reader's errors (a full disk is no bad trace)
+            raise _Delivery(exc) from exc
+
+    def add_meta(self, doc: Any) -> None:
+        pass
+
+
+def stream_events(path: str | Path, on_events: Callable[[list[RawEvent]], None], *,
+                  block_bytes: int = BLOCK_BYTES) -> int:
+    """Read a trace block by block (as ``load_trace`` does, in bounded memory) and call
+    ``on_events`` with each block's events, in file order; returns how many there were.
+    Raises ``TraceError`` for an unreadable, truncated, empty or non-trace file (after
+    some blocks may have been delivered: a reader that writes as it goes checks the file
+    with ``load_trace`` first)."""
+    p = Path(path)
+    sink = _RawSink(on_events)
+    try:
+        with _errors_as_trace_error(p), _gc_paused():
+            if not _decode_blockwise(p, sink, block_bytes):
+                if sink.delivered:
+                    raise TraceError(f"{p.name}: the event list could not be cut into blocks after "
+                                     f"{sink.delivered} events")
+                _decode_whole(p, sink)
+    except _Delivery as d:
+        raise d.exc from None
+    return sink.delivered
+
+
 # --------------------------------------------------------------------------- rank
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
-HEAD_KEYS = ("distributedInfo", "deviceProperties", "host_name")
-"""The metadata ``trace_head`` reads: what Kineto writes before the event list."""
+HEAD_KEYS = ("distributedInfo", "deviceProperties", "host_name", "otherData")
+"""The metadata ``trace_head`` reads: what Kineto writes before the event list (and the
+``otherData`` that ``pardiag export`` writes before its own)."""
+EXPORT_MARK = {"export": "perfetto"}
+"""In ``otherData.pardiag`` of a file ``pardiag export`` wrote: the whole job, not one
+rank's trace (a reader of a folder of traces leaves it out)."""
+
+
+def is_merged_export(head: dict[str, Any]) -> bool:
+    """Whether a trace's head (``trace_head``) is that of a ``pardiag export`` file."""
+    other = head.get("otherData")
+    mine = other.get("pardiag") if isinstance(other, dict) else None
+    return isinstance(mine, dict) and all(mine.get(k) == v for k, v in EXPORT_MARK.items())
 
 
 def rank_of(path: str | Path) -> int | None:

@@ -283,6 +283,10 @@ class Analysis:
     # (analyzers/extra_window.py): steps, first_step, trigger, ranks (per rank step_us,
     # breakdown_us and phases_us as [first, second] per profiled step), grew
     extra_window: dict[str, Any] | None = None
+    # one profiled step of every rank on one clock (analyzers/job_timeline.py `step_view`):
+    # step, ranks (at most 32: per rank start_us, end_us and its segments [start_us, end_us,
+    # breakdown category] in order, the earliest start at 0), ranks_total, clock_offsets_us
+    step_timeline: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         # An Analysis built without a summary (by hand, or a schema-1 file) gets the one
@@ -386,6 +390,7 @@ def from_dict(doc: Mapping[str, Any], source: str = "analysis") -> Analysis:
         critical_path=dict(cp) if isinstance(cp := doc.get("critical_path"), Mapping) and cp else None,
         temporal=dict(tp) if isinstance(tp := doc.get("temporal"), Mapping) and tp else None,
         extra_window=dict(xw) if isinstance(xw := doc.get("extra_window"), Mapping) and xw else None,
+        step_timeline=dict(st) if isinstance(st := doc.get("step_timeline"), Mapping) and st else None,
     )
     if v < 2:
         from pardiag.analyzers.summary import readvise

@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("report", "render an HTML report, a markdown PR comment or the JSON of a run"),
     "tui": ("tui", "explore a run in the terminal: ranks, collectives, timeline, NCCL setup, findings"),
     "diff": ("diff", "compare two runs: step-time change with a significance test; exit 1 on a regression"),
+    "export": ("export", "one Chrome/Perfetto trace of all ranks: clocks aligned, collectives joined, critical path"),
 }
 
 EPILOG = """examples:

@@ -10,6 +10,7 @@ the page only through autoescaping (template) or `html.escape` + plotly's JSON e
 from __future__ import annotations
 
 import html
+import math
 import re
 import shlex
 from dataclasses import dataclass
@@ -304,6 +305,48 @@ def late_figure(a: Analysis) -> go.Figure | None:
                                     yaxis={"autorange": "reversed", "type": "category"}))
 
 
+def _step_rows(block: Any) -> list[tuple[int, list[tuple[float, float, str]]]]:
+    """The step chart's rows from the Analysis' ``step_timeline`` (as a newer or broken
+    writer may give it: what is not a rank with numeric, known segments is left out)."""
+    def number(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    ranks = block.get("ranks") if isinstance(block, dict) else None
+    rows = []
+    for row in ranks if isinstance(ranks, list) else ():
+        if not isinstance(row, dict) or type(row.get("rank")) is not int or not isinstance(row.get("segments"), list):
+            continue
+        segs = [(float(seg[0]), float(seg[1]), seg[2]) for seg in row["segments"]
+                if isinstance(seg, list) and len(seg) == 3 and number(seg[0]) and number(seg[1])
+                and seg[2] in style.CATEGORY_LABELS]
+        if segs:
+            rows.append((row["rank"], segs))
+    return rows
+
+
+def step_timeline_figure(a: Analysis) -> go.Figure | None:
+    """One step of every rank on one clock, coloured by the breakdown's categories."""
+    rows = _step_rows(a.step_timeline)
+    if not rows:
+        return None
+    late = {s.rank for s in a.stragglers}
+    label = {r: f"rank {r}" + (" (straggler)" if r in late else "") for r, _ in rows}
+    traces = []
+    for k, name in style.CATEGORY_LABELS.items():
+        mine = [(r, s, e) for r, segs in rows for s, e, c in segs if c == k]
+        if mine:
+            traces.append(go.Bar(name=name, orientation="h", y=[label[r] for r, _, _ in mine],
+                                 base=[round(s / 1e3, 3) for _, s, _ in mine],
+                                 x=[round((e - s) / 1e3, 3) for _, s, e in mine],
+                                 marker={"color": style.CATEGORY_COLOURS[k], "line": {"width": 0}},
+                                 hovertemplate="%{y}<br>" + name + ": %{x} ms from %{base} ms<extra></extra>"))
+    step = a.step_timeline.get("step") if a.step_timeline else None
+    title = f"ms since the first rank started step {step}" if isinstance(step, int) else "ms"
+    return go.Figure(traces, _layout(110 + max(2, len(rows)) * 22, barmode="overlay", bargap=0.3,
+                                     xaxis={"title": {"text": title}},
+                                     yaxis={"autorange": "reversed", "type": "category"}))
+
+
 FIGURES: tuple[tuple[str, Callable[[Analysis], go.Figure | None]], ...] = (
     ("fig-breakdown", breakdown_figure),
     ("fig-phases", phases_figure),
@@ -312,6 +355,7 @@ FIGURES: tuple[tuple[str, Callable[[Analysis], go.Figure | None]], ...] = (
     ("fig-late", late_figure),
     ("fig-gpu", gpu_figure),
     ("fig-collectives", collectives_figure),
+    ("fig-step-timeline", step_timeline_figure),
 )
 
 
@@ -437,6 +481,20 @@ def _critical_path_view(a: Analysis) -> dict[str, Any] | None:
     return {"words": critical_path_words(cp), "rows": rows[:MAX_TABLE_ROWS]}
 
 
+def _timeline_view(a: Analysis) -> dict[str, Any] | None:
+    """How to see the ranks' steps on one timeline: the command that exports the job as
+    one Chrome/Perfetto trace (when the analysis read traces)."""
+    if not any(r.trace for r in a.ranks):
+        return None
+    path = a.run.path or "RUN"
+    arg = "~/" + shlex.quote(path[2:]) if path.startswith("~/") else shlex.quote(path)  # ~ stays unquoted
+    st = a.step_timeline or {}
+    shown, total = len(_step_rows(st)), st.get("ranks_total")
+    return {"command": clip(f"pardiag export {arg} --perfetto -o job.json.gz", 4000),
+            "step": st.get("step") if isinstance(st.get("step"), int) else None,
+            "of": f"{shown} of {total} ranks" if isinstance(total, int) and total > shown else None}
+
+
 # the per-GPU figures the report's telemetry table shows (the table has room for eight)
 TELEMETRY_GPU_COLUMNS = ("host", "gpu", "ranks", "util_gpu_ratio_mean", "sm_clock_busy_mean_mhz", "temperature_max_c",
                          "slowdown_share", "throttle_share")
@@ -475,6 +533,7 @@ def _context(a: Analysis) -> dict[str, Any]:
         "findings": [_finding_view(n, f) for n, f in enumerate(findings)],
         "what_if_method": what_if_method_words(a.what_if),
         "critical_path": _critical_path_view(a),
+        "timeline": _timeline_view(a),
         "collectives": collectives[:MAX_TABLE_ROWS], "collectives_total": len(collectives),
         "groups": [(g, rank_ranges(g.ranks)) for g in a.process_groups[:MAX_TABLE_ROWS]],
         "notices": ordered_notices(a)[:MAX_NOTICES],

@@ -53,9 +53,10 @@ import json
 import os
 import socket
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Literal
+from typing import TYPE_CHECKING, Any, BinaryIO, Iterator, Literal
 
 if TYPE_CHECKING:  # step_records imports this module; the collector never reads steps
     from pardiag.rank_meta import RankMeta
@@ -279,6 +280,26 @@ def atomic_write_bytes(path: Path, data: bytes, durable: bool = False) -> None:
             f.flush()
             if durable:
                 os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+@contextmanager
+def atomic_open(path: Path) -> Iterator[BinaryIO]:
+    """`atomic_write_bytes` for a file written as it is produced: a temporary file in the
+    same folder, renamed over the target when the block ends without an error, removed
+    when it raises."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "wb") as f:
+            yield f
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pardiag.analyzers.pipeline import analyze_path
@@ -40,6 +41,28 @@ def test_cpu_breakdown_by_hand(cpu_traces: Path) -> None:
                               "at the step's end, after the optimizer": 50.0}
     (c,) = r.collectives
     assert (c.op, c.process_group, c.bytes, c.step, c.group_size) == ("all_reduce", "0:default_pg", 4000, 5, 2)
+
+
+def test_a_steps_segments_by_hand(cpu_traces: Path) -> None:
+    """The same step in time order: the breakdown's categories where they happen."""
+    r = analyze_rank_trace(load_trace(cpu_traces / "rank0.json"))
+    assert r.segments_per_step_us == {5: (
+        (1000.0, 1100.0, "dataloader"), (1100.0, 1400.0, "compute"), (1400.0, 1450.0, "idle"),
+        (1450.0, 1600.0, "compute"), (1600.0, 1700.0, "comm_overlapped"), (1700.0, 1850.0, "comm_exposed"),
+        (1850.0, 1900.0, "idle"), (1900.0, 1940.0, "compute"), (1940.0, 2000.0, "idle"))}
+    totals: dict[str, float] = {}
+    for s, e, c in r.segments_per_step_us[5]:
+        totals[c] = totals.get(c, 0.0) + e - s
+    assert totals == {k: v for k, v in r.breakdown_per_step_us[5].items() if v}
+
+
+def test_a_stretch_too_short_to_draw_joins_the_one_before() -> None:
+    from pardiag.analyzers.rank_trace import step_segments
+
+    empty = (np.empty(0), np.empty(0))
+    compute = (np.array([10.0, 50.0]), np.array([10.1, 80.0]))  # 0.1 us of 100: under 1/500 of the step
+    assert step_segments((0.0, 100.0), compute, empty, empty, empty, True) == (
+        (0.0, 50.0, "idle"), (50.0, 80.0, "compute"), (80.0, 100.0, "idle"))
 
 
 def test_gpu_breakdown_by_hand(tmp_path: Path) -> None:

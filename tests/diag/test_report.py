@@ -133,6 +133,33 @@ def test_untrusted_text_stays_text_in_html() -> None:
     assert opened == html.count("</script>") == 3 + len(figures(hostile()))
 
 
+def test_timeline_command_quotes_the_path_and_needs_traces() -> None:
+    from dataclasses import replace
+
+    a = small()
+    odd = replace(a, run=replace(a.run, path="~/runs/it's <b>"))
+    html = render_html(odd)
+    assert "pardiag export ~/&#39;runs/it&#39;&#34;&#39;&#34;&#39;s &lt;b&gt;&#39; --perfetto -o job.json.gz" in html
+    no_trace = replace(a, ranks=[replace(r, trace=None) for r in a.ranks])
+    assert 'id="timeline"' not in render_html(no_trace) and 'id="timeline"' in html
+
+
+@pytest.mark.parametrize("block", [{"ranks": 5}, {"ranks": [{"rank": "x", "segments": [[0, 1, "compute"]]}]},
+                                   {"ranks": [{"rank": 0, "segments": [[0, "1", "compute"], [1, 2, "<b>"], 7]}]},
+                                   {"step": "<i>", "ranks": [{"rank": 0, "segments": [[0, 1, "compute"]]}]}])
+def test_a_broken_step_timeline_block_draws_what_it_can(block: dict[str, object]) -> None:
+    from dataclasses import replace
+
+    from pardiag.report_html import step_timeline_figure
+
+    a = replace(small(), step_timeline=block)
+    fig = step_timeline_figure(a)
+    drawn = [seg for t in fig.data for seg in zip(t.y, t.base, t.x)] if fig is not None else []
+    assert drawn == ([("rank 0", 0.0, 0.001)] if block.get("step") == "<i>" else [])
+    html = render_html(a)
+    assert ("fig-step-timeline" in html) == bool(drawn) and "<i>" not in html.replace(get_plotlyjs(), "")
+
+
 def test_untrusted_text_stays_text_in_markdown() -> None:
     md = render_markdown(hostile())
     # fenced code (a finding's change) is shown literally by every markdown renderer
@@ -274,6 +301,9 @@ def test_report_of_plain_traces(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert cli.main(["report", str(traces), "-j", "1"]) == 0
     html = (tmp_path / "report.html").read_text()
     assert 'id="fig-gpu"' in html and "all_to_all" in html
+    # the ranks' steps on one timeline: a chart of one step, and the command that exports them all
+    assert 'href="#timeline"' in html and f"pardiag export {traces} --perfetto -o job.json.gz" in html
+    assert 'id="fig-step-timeline"' in html and "Step 551 of the profiled window on every rank" in html
     assert cli.main(["report", str(traces), "--format", "md", "-j", "1"]) == 0
     assert "all\\_to\\_all" in capsys.readouterr().out
 
