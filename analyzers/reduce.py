@@ -36,6 +36,8 @@ def from_body(doc: dict[str, Any]) -> tuple[RankTrace, GpuTime | None, int | Non
     # a summary written before the per-step breakdown existed raises KeyError: `load`
     # then reads the trace again, so that the share tests have their steps
     r["breakdown_per_step_us"] = {int(k): v for k, v in r["breakdown_per_step_us"].items()}
+    if "flops" not in r:  # written before FLOPs were counted: `load` reads the trace again
+        raise KeyError("flops")
     r["notices"] = tuple(r.get("notices") or ())
     r["pg_config"] = tuple(r.get("pg_config") or ())
     gpu = GpuTime(**doc["gpu"]) if doc.get("gpu") else None
