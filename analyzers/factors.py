@@ -160,6 +160,7 @@ def read_peak(run_dir: str | Path) -> Read[MeasuredPeak]:
         return Read(None, "gemm.json has no square GEMM (measured by a pardiag that did not time one)")
     tflops: dict[str, float] = {}
     sizes: dict[str, int] = {}
+    ops: dict[str, str] = {}
     for dtype, key in _PRECISION.items():
         row = peak.get(dtype)
         if not isinstance(row, dict):
@@ -170,6 +171,7 @@ def read_peak(run_dir: str | Path) -> Read[MeasuredPeak]:
                 key = "tf32"
             tflops[key] = v
             sizes[key] = int(row.get("n") or 0)
+            ops[key] = str(row.get("op") or "mm")
     if not tflops:
         errors = [str(r.get("error")) for r in peak.values() if isinstance(r, dict) and r.get("error")]
         return Read(None, "gemm.json: the square GEMM was not timed" + (f" ({errors[0]})" if errors else ""))
@@ -177,7 +179,7 @@ def read_peak(run_dir: str | Path) -> Read[MeasuredPeak]:
     threads = doc.get("threads") if isinstance(doc.get("threads"), int) else None
     where = (f"this host's CPU ({doc.get('device_name') or 'cpu'}, {threads} thread{'s' if threads != 1 else ''})"
              if device == "cpu" else f"this host's {doc.get('device_name') or 'GPU'}")
-    sizes_words = ", ".join(f"{k} n={v}" for k, v in sizes.items())
+    sizes_words = ", ".join(f"{k} n={v} by {ops[k]}" for k, v in sizes.items())
     return Read(MeasuredPeak(tflops, sizes, device, str(doc.get("device_name") or ""), threads,
                              f"measured: a square matrix multiply ({sizes_words}) timed on {where} after the job"))
 
