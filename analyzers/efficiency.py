@@ -300,3 +300,45 @@ def _top_ops(c: FlopCount | None) -> list[dict[str, Any]]:
         return []
     return [{"op": o["op"], "dims": o["dims"], "phase": o["phase"], "calls_per_step": o["calls"] / c.steps,
              "flops_per_step": o["flops"] / c.steps} for o in c.top[:MAX_TOP_OPS]]
+
+
+# -- evidence for the findings -------------------------------------------------------------------
+
+# levers whose cause keeps the devices waiting for the host (input, Python, syncs, a busy CPU)
+HOST_LEVERS = frozenset({"dataloader", "host_overhead", "sync_points", "host_contention", "garbage_collection",
+                         "input_imbalance", "straggler"})
+# levers whose cause is communication the compute does not hide
+COMM_LEVERS = frozenset({"gradient_accumulation", "comm_overlap", "ddp_bucket_size", "nccl_env", "sharding"})
+LITTLE_COMM = 0.10  # exposed communication (waiting left out) under this share: not what keeps MFU down
+EVIDENCE_PREFIX = "MFU "
+
+
+def mfu_evidence(lever: str, e: Efficiency | None, exposed_transfer: float | None) -> str | None:
+    """One line of evidence that puts a finding beside the job's MFU: for a host-side
+    cause, that the devices did not wait for the network (when exposed communication is
+    small); for a communication cause, the time without model FLOPs; for mixed
+    precision, the precisions the FLOPs ran in and the peaks of the lower one. None when
+    MFU is not known or says nothing about the lever."""
+    if e is None or e.mfu is None:
+        return None
+    from pardiag.display_efficiency import precision_words, rate_text, ratio_text
+
+    mfu = f"{EVIDENCE_PREFIX}{ratio_text(e.mfu)} ({rate_text(e.model_tflops)} of {rate_text(e.peak_tflops)})"
+    comm = exposed_transfer if exposed_transfer is not None else 0.0
+    if lever in HOST_LEVERS:
+        if comm >= LITTLE_COMM:
+            return None
+        return (f"{mfu} with exposed communication at {comm:.1%} of the profiled time: the devices are not "
+                "waiting for the network but for input or host work")
+    if lever in COMM_LEVERS:
+        return f"{mfu}; exposed communication, {comm:.1%} of the profiled time, is time without model FLOPs"
+    if lever == "mixed_precision" and e.peak is not None:
+        low = [p for p in ("bf16", "fp16") if e.peak.tflops.get(p)]
+        used = max(e.precision_share, key=lambda p: e.precision_share[p]) if e.precision_share else None
+        if not low or used not in ("fp32", "tf32") or not e.peak.tflops.get(used):
+            return None
+        gain = e.peak.tflops[low[0]] / e.peak.tflops[used]
+        return (f"{mfu}: the model's FLOPs run in {precision_words(e)}; the {low[0]} peak "
+                f"({rate_text(e.peak.tflops[low[0]])}) is {gain:.2g}x the {used} peak ({rate_text(e.peak.tflops[used])})"
+                f" ({'datasheet' if e.peak.source == 'table' else 'measured'})")
+    return None
