@@ -31,7 +31,16 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from pardiag.analysis import RankResult
-from pardiag.analysis_efficiency import MAX_RANKS, MAX_TOP_OPS, Efficiency, Peak, RankEfficiency
+from pardiag.analysis_efficiency import (
+    MAX_RANKS,
+    MAX_TOP_OPS,
+    Efficiency,
+    Peak,
+    RankEfficiency,
+    precision_words,
+    rate_text,
+    ratio_text,
+)
 from pardiag.analyzers.factors import MeasuredPeak, Read
 from pardiag.analyzers.flops import FlopCount
 from pardiag.analyzers.peaks import peak_row
@@ -321,8 +330,6 @@ def mfu_evidence(lever: str, e: Efficiency | None, exposed_transfer: float | Non
     MFU is not known or says nothing about the lever."""
     if e is None or e.mfu is None:
         return None
-    from pardiag.display_efficiency import precision_words, rate_text, ratio_text
-
     mfu = f"{EVIDENCE_PREFIX}{ratio_text(e.mfu)} ({rate_text(e.model_tflops)} of {rate_text(e.peak_tflops)})"
     comm = exposed_transfer if exposed_transfer is not None else 0.0
     if lever in HOST_LEVERS:

@@ -14,8 +14,11 @@ What each call is (`FlopCount`):
   checkpointing does. Such a call that did no work is left out: non-reentrant
   ``torch.utils.checkpoint`` stops the recomputation by raising inside the operator that
   saves the last tensor it needs, before that operator computes. On a GPU trace such a
-  call launched no kernel; on a CPU trace it lasted under `ABORTED_SHARE` of the same
-  operator at the same shapes outside backward;
+  call launched no kernel; on a CPU trace it is the last call of a recomputation (the
+  next FLOP call on its thread is a gradient's), outside reentrant checkpointing's
+  ``CheckpointFunctionBackward``, and lasted under `ABORTED_SHARE` of the fastest call of
+  the same operator at the same shapes in the forward pass. A stop inside a small product
+  can take as long as the product itself and is then counted: the FLOPs it adds are small;
 - forward: the rest (the forward pass; also anything else in the step, as evaluation).
 
 Model FLOPs are forward + backward (what the model needs, whatever the implementation);
@@ -37,12 +40,16 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from pardiag.analyzers.flop_rules import call_of, op_flops
+from pardiag.analyzers.flop_rules import Call, OpFlops, call_of, op_flops
 from pardiag.analyzers.kernels import KernelKind, event_kinds
 from pardiag.analyzers.trace import FlopOp, Trace
 
 BACKWARD_PREFIX = "autograd::engine::evaluate_function"
-ABORTED_SHARE = 0.25  # a recomputed call shorter than this share of its forward twin did no work
+REENTRANT = "CheckpointFunctionBackward"  # reentrant checkpointing recomputes its whole function, never stops early
+# a recomputed call where a recomputation may stop, under this share of its fastest forward
+# twin, did no work: a stop costs about 100 us of exception handling on a CPU, a real
+# 64x512x512 product 400 us; a busy host only lengthens the twins, so the fastest is the work
+ABORTED_SHARE = 0.5
 TOP_OPS = 12  # operators kept by FLOPs (by name and shape) per rank
 DTYPES = {"float": "float32", "double": "fp64", "c10::Half": "fp16", "c10::BFloat16": "bf16",
           "c10::Float8_e4m3fn": "fp8", "c10::Float8_e5m2": "fp8", "c10::Float8_e4m3fnuz": "fp8",
@@ -103,10 +110,11 @@ def _add(d: dict[str, float], k: str, v: float) -> None:
     d[k] = d.get(k, 0.0) + v
 
 
-def _backward_spans(trace: Trace) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """Per thread, autograd's engine spans merged: (starts, ends) sorted."""
+def _spans(trace: Trace, prefix: str) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per thread, the spans of the events whose name starts with `prefix`, merged:
+    (starts, ends) sorted."""
     cpu = trace.cpu
-    ids = [i for i, n in enumerate(trace.names) if n.startswith(BACKWARD_PREFIX)]
+    ids = [i for i, n in enumerate(trace.names) if n.startswith(prefix)]
     sel = np.flatnonzero(np.isin(cpu.name_id, ids))
     out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     for t in np.unique(cpu.tid[sel]):
@@ -117,9 +125,8 @@ def _backward_spans(trace: Trace) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         s, e = s[order], np.maximum.accumulate(e[order])
         new = np.ones(s.size, dtype=bool)
         new[1:] = s[1:] > e[:-1]
-        starts = s[new]
-        ends = np.maximum.reduceat(e, np.flatnonzero(new)) if s.size else e
-        out[int(t)] = (starts, ends)
+        last = np.append(np.flatnonzero(new)[1:] - 1, s.size - 1)
+        out[int(t)] = (s[new], e[last])
     return out
 
 
@@ -216,11 +223,12 @@ def count_flops(trace: Trace, window: tuple[float, float], steps: int) -> FlopCo
     inside = [o for o in trace.flop_ops if lo <= o.ts_us < hi and o.dur_us >= 0]
     if not inside:
         return None
-    spans = _backward_spans(trace)
+    spans = _spans(trace, BACKWARD_PREFIX)
+    reentrant = _spans(trace, REENTRANT)
     kernels = _Kernels(trace)
     acc = _Acc()
     twins: dict[tuple[str, str], list[float]] = {}  # forward durations by (op, dims): the recompute's reference
-    recomputed: list[tuple[FlopOp, Any, str]] = []
+    calls: list[tuple[FlopOp, Call, OpFlops, str, str]] = []  # (call, inputs, FLOPs, phase, precision), in time order
     for o in _outermost(inside):
         call = call_of(o.input_dims, o.input_type, o.concrete)
         if call is None:
@@ -233,22 +241,18 @@ def count_flops(trace: Trace, window: tuple[float, float], steps: int) -> FlopCo
             continue
         in_bwd = _inside(spans.get(o.tid), o.ts_us)
         phase = "forward" if not in_bwd else ("recompute" if o.grad_mode else "backward")
-        launched = kernels.launched(o.tid, o.ts_us, o.ts_us + o.dur_us)
-        prec = _precision(f.dtype, f.kind, launched)
-        key = (o.name, str(list(call.dims)))
-        if phase == "recompute":
-            recomputed.append((o, f, prec))
-            continue
+        prec = _precision(f.dtype, f.kind, kernels.launched(o.tid, o.ts_us, o.ts_us + o.dur_us))
         if phase == "forward":
-            twins.setdefault(key, []).append(o.dur_us)
+            twins.setdefault((o.name, str(call.dims)), []).append(o.dur_us)
+        calls.append((o, call, f, phase, prec))
+    for i, (o, call, f, phase, prec) in enumerate(calls):
+        if phase == "recompute":
+            after = next((c[3] for c in calls[i + 1:] if c[0].tid == o.tid), None)
+            may_stop = after != "recompute" and not _inside(reentrant.get(o.tid), o.ts_us)
+            if _did_no_work(o, str(call.dims), twins, kernels, may_stop):
+                acc.aborted += 1
+                continue
         _count(acc, o, call, f.flops, f.kind, prec, phase)
-    for o, f, prec in recomputed:
-        call = call_of(o.input_dims, o.input_type, o.concrete)
-        assert call is not None
-        if _did_no_work(o, str(list(call.dims)), twins, kernels):
-            acc.aborted += 1
-            continue
-        _count(acc, o, call, f.flops, f.kind, prec, "recompute")
     ranked = sorted(acc.top.items(), key=lambda kv: (-kv[1][0], kv[0]))[:TOP_OPS]
     top: list[dict[str, Any]] = [{"op": k[0], "dims": k[1], "phase": k[2], "calls": int(v[1]), "flops": v[0]}
                                  for k, v in ranked]
@@ -258,11 +262,14 @@ def count_flops(trace: Trace, window: tuple[float, float], steps: int) -> FlopCo
                      calls_unreadable=acc.unreadable, recompute_aborted=acc.aborted)
 
 
-def _did_no_work(o: FlopOp, dims: str, twins: Mapping[tuple[str, str], list[float]], kernels: _Kernels) -> bool:
+def _did_no_work(o: FlopOp, dims: str, twins: Mapping[tuple[str, str], list[float]], kernels: _Kernels,
+                 may_stop: bool) -> bool:
+    """A recomputed call that did no work: on a GPU it launched no kernel; on a CPU it is
+    where a recomputation may stop (`may_stop`) and far shorter than its forward twin."""
     if kernels.any_gpu:
         return kernels.launched(o.tid, o.ts_us, o.ts_us + o.dur_us)[0] == 0
     ref = twins.get((o.name, dims))
-    return ref is not None and len(ref) > 0 and o.dur_us < ABORTED_SHARE * float(np.median(ref))
+    return may_stop and ref is not None and len(ref) > 0 and o.dur_us < ABORTED_SHARE * min(ref)
 
 
 def _count(acc: _Acc, o: FlopOp, call: Any, flops: float, kind: str, prec: str, phase: str) -> None:

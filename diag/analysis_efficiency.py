@@ -111,3 +111,36 @@ def efficiency_from_dict(d: Mapping[str, Any] | None) -> Efficiency | None:
     e["notes"] = [str(n) for n in d.get("notes") or ()]
     e["definitions"] = dict(EFFICIENCY_DEFINITIONS)  # this pardiag's words for the same figures
     return Efficiency(**e)
+
+
+# -- the figures in words: the same for the renderers and the findings' evidence ---------------------
+
+
+def flops_text(v: float | None) -> str:
+    """FLOPs with an SI prefix, three digits: '5.3 GFLOP', '1.65 TFLOP'."""
+    if v is None:
+        return "-"
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g} {prefix}FLOP"
+    return f"{v:.3g} FLOP"
+
+
+def rate_text(tflops: float | None) -> str:
+    """A rate given in TFLOP/s, with the prefix that reads best: '27.4 GFLOP/s', '312 TFLOP/s'."""
+    if tflops is None:
+        return "-"
+    return flops_text(tflops * 1e12) + "/s"
+
+
+def ratio_text(r: float | None) -> str:
+    """MFU as a percentage, one decimal under 10%: '36%', '0.9%'."""
+    if r is None:
+        return "-"
+    return f"{r:.1%}" if r < 0.1 else f"{r:.0%}"
+
+
+def precision_words(e: Efficiency) -> str:
+    """'bf16 97%, fp32 3%' (model FLOPs by precision)."""
+    parts = sorted(e.precision_share.items(), key=lambda kv: -kv[1])
+    return ", ".join(f"{k} {v:.0%}" for k, v in parts) or "unknown precision"

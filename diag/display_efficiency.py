@@ -7,42 +7,18 @@ Analysis.
 from __future__ import annotations
 
 from pardiag.analysis import Analysis
-from pardiag.analysis_efficiency import Efficiency, RankEfficiency
+from pardiag.analysis_efficiency import (  # noqa: F401  (the numbers' words, used by every renderer)
+    Efficiency,
+    RankEfficiency,
+    flops_text,
+    precision_words,
+    rate_text,
+    ratio_text,
+)
 
-PRECISION_WORDS = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp64": "fp64"}
 PHASE_WORDS = (("forward", "forward_flops_per_step"), ("backward", "backward_flops_per_step"),
                ("recomputed", "recompute_flops_per_step"))
 MAX_NOTES = 4
-
-
-def flops_text(v: float | None) -> str:
-    """FLOPs with an SI prefix: '5.30 GFLOP', '1.65 TFLOP'."""
-    if v is None:
-        return "-"
-    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(v) >= scale:
-            return f"{v / scale:.3g} {prefix}FLOP"
-    return f"{v:.3g} FLOP"
-
-
-def rate_text(tflops: float | None) -> str:
-    """A rate given in TFLOP/s, with the prefix that reads best: '27.4 GFLOP/s', '312 TFLOP/s'."""
-    if tflops is None:
-        return "-"
-    return flops_text(tflops * 1e12) + "/s"
-
-
-def ratio_text(r: float | None) -> str:
-    """MFU as a percentage, one decimal under 10%: '36.1%', '0.9%'."""
-    if r is None:
-        return "-"
-    return f"{r:.1%}" if r < 0.1 else f"{r:.0%}"
-
-
-def precision_words(e: Efficiency) -> str:
-    """'bf16 97%, fp32 3%' (model FLOPs by precision)."""
-    parts = sorted(e.precision_share.items(), key=lambda kv: -kv[1])
-    return ", ".join(f"{PRECISION_WORDS.get(k, k)} {v:.0%}" for k, v in parts) or "unknown precision"
 
 
 def peak_words(e: Efficiency) -> str:

@@ -169,11 +169,11 @@ def test_the_a100_fixture_names_its_device_but_recorded_no_shapes() -> None:
 def test_the_sampled_a100_job_against_the_a100_datasheet() -> None:
     """The sampled job's traces name no device (no deviceProperties); their GEMM kernels are
     sm80 cutlass kernels, an A100's. Its MFU against the A100 row: the model FLOPs per step
-    of each rank (a hand count from the recorded shapes: tests/analyzers/test_flops.py) over
+    of each rank (torch's flop_counter on the recorded shapes: tracegen.matmul_flops_by_torch) over
     its profiled step, against 156 TFLOP/s for the TF32 products and 19.5 for the FP32 ones."""
     from conftest import FIXTURES
     from pardiag.analyzers.pipeline import analyze_path
-    from test_flops import _hand_count
+    from tracegen import matmul_flops_by_torch
 
     folder = FIXTURES / "gpu-traces" / "sampled-128rank-job"
     a = analyze_path(folder, jobs=1)
@@ -185,7 +185,7 @@ def test_the_sampled_a100_job_against_the_a100_datasheet() -> None:
     flops = {}
     for r in a.ranks:
         c = FlopCount.from_dict(analyze_rank_trace(load_trace(folder / f"sampled_rank-{r.rank}.json.gz")).flops or {})
-        hand, steps = _hand_count(folder / f"sampled_rank-{r.rank}.json.gz")
+        hand, steps = matmul_flops_by_torch(folder / f"sampled_rank-{r.rank}.json.gz")
         assert c.model == hand and e.ranks[r.rank].model_flops_per_step == hand / steps
         flops[r.rank] = c
     with_name = analyze(Inputs(ranks=a.ranks, flops=flops, device_name="NVIDIA A100-SXM4-40GB",

@@ -5,14 +5,13 @@ fixtures (real A100 traces) against a count from their own recorded shapes."""
 
 from __future__ import annotations
 
-import gzip
-import json
 from pathlib import Path
 from typing import Callable
 
 import pytest
 
 from conftest import FIXTURES
+from tracegen import matmul_flops_by_torch
 from pardiag.analyzers.flops import FlopCount
 from pardiag.analyzers.rank_trace import analyze_rank_trace
 from pardiag.analyzers.trace import load_trace
@@ -137,35 +136,12 @@ def test_a_trace_without_shapes_counts_calls_but_no_flops(tmp_path: Path) -> Non
 # -- the GPU fixtures ------------------------------------------------------------------------------
 
 
-def _hand_count(path: Path) -> tuple[float, int]:
-    """The trace's matrix products inside its ProfilerSteps, each counted by torch's own
-    flop_counter on meta tensors of the recorded shapes: (FLOPs, profiled steps). In this
-    trace every matrix product is an aten::mm, aten::addmm or aten::bmm, none nested in
-    another (linear and matmul call them)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with gzip.open(path, "rt") as f:
-        events = json.load(f)["traceEvents"]
-    steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("cat") == "user_annotation"]
-    lo, hi = min(e["ts"] for e in steps), max(e["ts"] + e["dur"] for e in steps)
-    ops = {"aten::mm": torch.ops.aten.mm, "aten::addmm": torch.ops.aten.addmm, "aten::bmm": torch.ops.aten.bmm}
-    total = 0
-    with FlopCounterMode(display=False) as fc:
-        for e in events:
-            if e.get("cat") == "cpu_op" and e["name"] in ops and lo <= e["ts"] < hi:
-                dims = e["args"]["Input Dims"]
-                tensors = [torch.empty(d, device="meta") for d in dims[:3] if d]
-                ops[e["name"]](*tensors)
-        total = fc.get_total_flops()
-    return float(total), len(steps)
-
-
 @pytest.mark.parametrize("rank", [0, 1])
 def test_the_sampled_gpu_job_against_its_recorded_shapes(rank: int) -> None:
     path = GPU / "sampled-128rank-job" / f"sampled_rank-{rank}.json.gz"
     r = analyze_rank_trace(load_trace(path))
     c = FlopCount.from_dict(r.flops)  # type: ignore[arg-type]
-    flops, steps = _hand_count(path)
+    flops, steps = matmul_flops_by_torch(path)
     assert c.steps == steps == 2
     assert c.model == flops and c.recompute == 0
     # float32 products whose kernels are TF32 tensor-core GEMMs (cutlass s1688) are TF32;
