@@ -89,9 +89,12 @@ def _rank_peak(r: RankResult, meta: RankMeta | None, inp: Inputs) -> _RankPeak:
         return _RankPeak(Peak(dict(m.tflops), "measured", m.device_name or name, f"square GEMM, {m.device}",
                               m.source), None, dict(m.tflops))
     why_measured = (inp.measured.reason if inp.measured is not None else None) or "no run directory"
+    if device == "cuda" and not name:
+        return _RankPeak(None, "the GPU is not named (a trace without deviceProperties, no meta.json), so no "
+                               f"datasheet peak applies, and no GEMM was timed after the job ({why_measured})", {})
     if device == "cuda":
-        return _RankPeak(None, f"{name or 'this GPU'} is not in pardiag's table of datasheet peaks, and no GEMM "
-                               f"was timed after the job ({why_measured})", {})
+        return _RankPeak(None, f"{name} is not in pardiag's table of datasheet peaks, and no GEMM was timed after "
+                               f"the job ({why_measured})", {})
     return _RankPeak(None, "a CPU's peak is measured after the job (a square GEMM, factors/gemm.json) and this "
                            f"run has none ({why_measured})", {})
 
