@@ -129,6 +129,15 @@ def _first_tensor(args: tuple, kwargs: dict) -> Any:
     return None
 
 
+def _tensor_facts(t: Any, seen_in: str) -> dict[str, Any]:
+    """A tensor's shape and dtype as plain JSON; what could not be read is said, so that
+    an odd tensor (a subclass with symbolic sizes) costs this fact, not the forward's timing."""
+    try:
+        return {"shape": [int(d) for d in t.shape], "dtype": str(t.dtype).removeprefix("torch."), "seen_in": seen_in}
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"[:200], "seen_in": seen_in}
+
+
 # While torch.compile traces, every wrapper calls straight through, so the traced code
 # is the code the job would have had.
 _compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
@@ -365,8 +374,7 @@ class Framework:
             if t is not None:
                 counters.in_elems += t.numel()
                 if self.first_input is None:  # once: what a sample is (its shape past the batch)
-                    self.first_input = {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
-                                        "seen_in": "DistributedDataParallel.forward"}
+                    self.first_input = _tensor_facts(t, "DistributedDataParallel.forward")
             if not getattr(m, "require_backward_grad_sync", True):
                 counters.no_sync_forwards += 1
                 self.no_sync_calls += 1
