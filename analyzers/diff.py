@@ -227,6 +227,28 @@ class FindingChange:
 
 
 @dataclass(frozen=True)
+class EfficiencyDelta:
+    """The two runs' efficiency blocks side by side (None where a run has none): a change
+    of the model's FLOPs per step says the runs did different work, and MFU then compares
+    them better than the step time does."""
+
+    base_mfu: float | None
+    head_mfu: float | None
+    base_hfu: float | None
+    head_hfu: float | None
+    base_model_tflops: float | None
+    head_model_tflops: float | None
+    base_model_flops_per_step: float | None
+    head_model_flops_per_step: float | None
+    base_samples_per_s: float | None
+    head_samples_per_s: float | None
+    base_tokens_per_s: float | None
+    head_tokens_per_s: float | None
+    base_peak_source: str | None  # "table" or "measured"
+    head_peak_source: str | None
+
+
+@dataclass(frozen=True)
 class DiffResult:
     base_label: str
     head_label: str
@@ -240,6 +262,7 @@ class DiffResult:
     new_findings: list[FindingChange]
     resolved_findings: list[FindingChange]
     notes: list[str] = field(default_factory=list)
+    efficiency: EfficiencyDelta | None = None  # None: neither run has the block
 
     @property
     def regression(self) -> bool:
@@ -398,13 +421,41 @@ def diff_runs(base: RunInput, head: RunInput, fail_over_pct: float = DEFAULT_FAI
     if _steps_profiled(base.analysis) != _steps_profiled(head.analysis):
         notes.append("the profiled windows have different lengths: breakdowns and collectives compared per step")
     new, resolved = finding_changes(base.analysis, head.analysis)
+    eff = efficiency_delta(base.analysis, head.analysis, notes)
     return DiffResult(
         base_label=base.label, head_label=head.label, fail_over_pct=fail_over_pct, alpha=alpha,
         verdict=verdict(steps, fail_over_pct, alpha), steps=steps,
         categories=category_deltas(base.analysis, head.analysis), phases=phase_deltas(base.analysis, head.analysis),
         collectives=collective_deltas(base.analysis, head.analysis),
-        new_findings=new, resolved_findings=resolved, notes=notes,
+        new_findings=new, resolved_findings=resolved, notes=notes, efficiency=eff,
     )
+
+
+FLOPS_CHANGE_NOTE = 0.01  # model FLOPs per step that differ by more than this share: the runs did other work
+
+
+def efficiency_delta(base: Analysis, head: Analysis, notes: list[str]) -> EfficiencyDelta | None:
+    b, h = base.efficiency, head.efficiency
+    if b is None and h is None:
+        return None
+
+    def get(e: Any, name: str) -> Any:
+        return getattr(e, name) if e is not None else None
+
+    bf, hf = get(b, "model_flops_per_step"), get(h, "model_flops_per_step")
+    if bf and hf and abs(hf / bf - 1) > FLOPS_CHANGE_NOTE:
+        notes.append(f"the model's FLOPs per step changed {hf / bf - 1:+.1%} (the runs did different work): "
+                     "MFU and throughput compare them better than the step time")
+    bp, hp = get(get(b, "peak"), "source"), get(get(h, "peak"), "source")
+    if bp and hp and bp != hp:
+        notes.append(f"MFU is against a {bp} peak in BASE and a {hp} peak in HEAD")
+    return EfficiencyDelta(
+        base_mfu=get(b, "mfu"), head_mfu=get(h, "mfu"), base_hfu=get(b, "hfu"), head_hfu=get(h, "hfu"),
+        base_model_tflops=get(b, "model_tflops"), head_model_tflops=get(h, "model_tflops"),
+        base_model_flops_per_step=bf, head_model_flops_per_step=hf,
+        base_samples_per_s=get(b, "samples_per_s"), head_samples_per_s=get(h, "samples_per_s"),
+        base_tokens_per_s=get(b, "tokens_per_s"), head_tokens_per_s=get(h, "tokens_per_s"),
+        base_peak_source=bp, head_peak_source=hp)
 
 
 def largest_increases(d: DiffResult, n: int = 3) -> list[tuple[str, str, float]]:

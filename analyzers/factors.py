@@ -132,6 +132,58 @@ def read_gemm(run_dir: str | Path) -> Read[GemmFactor]:
         return Read(None, f"gemm.json: unreadable ({type(e).__name__}: {e})")
 
 
+@dataclass(frozen=True)
+class MeasuredPeak:
+    """The throughput of a large square matrix multiply on the job's host, device type
+    and threads, per precision, timed after the job (gemm.json's ``peak``)."""
+
+    tflops: dict[str, float]  # "fp32" (or "tf32" on a GPU that allowed it), "bf16", "fp16"
+    n: dict[str, int]  # the matrices' size per precision
+    device: str  # "cpu" or "cuda"
+    device_name: str
+    threads: int | None
+    source: str  # in words, for evidence
+
+
+_PRECISION = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def read_peak(run_dir: str | Path) -> Read[MeasuredPeak]:
+    """The square GEMM measured after the job (`gemm_bench.measure_peaks`), or None and why."""
+    doc, why = _load(Path(run_dir) / "factors" / "gemm.json", GEMM_FORMAT, GEMM_VERSION)
+    if doc is None:
+        return Read(None, why)
+    peak = doc.get("peak")
+    if not isinstance(peak, dict):
+        if doc.get("status") != "ok":
+            return Read(None, f"gemm.json: {doc.get('reason') or 'no measurement'}")
+        return Read(None, "gemm.json has no square GEMM (measured by a pardiag that did not time one)")
+    tflops: dict[str, float] = {}
+    sizes: dict[str, int] = {}
+    ops: dict[str, str] = {}
+    for dtype, key in _PRECISION.items():
+        row = peak.get(dtype)
+        if not isinstance(row, dict):
+            continue
+        v = _opt_float(row.get("tflops"))
+        if v is not None and v > 0:
+            if key == "fp32" and peak.get("float32_allow_tf32"):
+                key = "tf32"
+            tflops[key] = v
+            sizes[key] = int(row.get("n") or 0)
+            ops[key] = str(row.get("op") or "mm")
+    if not tflops:
+        errors = [str(r.get("error")) for r in peak.values() if isinstance(r, dict) and r.get("error")]
+        return Read(None, "gemm.json: the square GEMM was not timed" + (f" ({errors[0]})" if errors else ""))
+    device = str(doc.get("device") or "cpu")
+    threads = doc.get("threads") if isinstance(doc.get("threads"), int) else None
+    where = (f"this host's CPU ({doc.get('device_name') or 'cpu'}, {threads} thread{'s' if threads != 1 else ''})"
+             if device == "cpu" else f"this host's {doc.get('device_name') or 'GPU'}")
+    sizes_words = ", ".join(f"{k} n={v} by {ops[k]}" for k, v in sizes.items())
+    return Read(MeasuredPeak(tflops, sizes, device, str(doc.get("device_name") or ""), threads,
+                             f"measured: a square matrix multiply ({sizes_words}) timed on {where} after the job"))
+
+
 def gemm_factor(run_dir: str | Path) -> GemmFactor | None:
     """The GEMM speed-up of a lower precision measured after the job, or None
     (`read_gemm` says why)."""

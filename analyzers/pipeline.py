@@ -10,7 +10,7 @@ import json
 import os
 import re
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -251,13 +251,19 @@ def analyze_path(
     summary = build_summary(ranks, step_records if run is not None else None)
     if (said := inflation_words(summary.profiled_step_inflation)) is not None:
         notices.append(Notice("info", said))
+    run_info = _run_info(path, manifest, metas, inputs, world, offsets, ranks, nccl.to_dict() if nccl else None,
+                         from_run_dir=run is not None)
+    efficiency = _efficiency(run, ranks, traces, metas, step_records, summary, run_info.device_name, notices)
+    if efficiency is not None:
+        mfu = {x.rank: x for x in efficiency.ranks}
+        ranks = [replace(r, mfu=mfu[r.rank].mfu, hfu=mfu[r.rank].hfu) if r.rank in mfu else r for r in ranks]
+        summary = replace(summary, mfu=efficiency.mfu, hfu=efficiency.hfu)
     advised = advise(Analysis(
         hang=hang,
         hta=hta,
         nccl=nccl,
         telemetry=telemetry,
-        run=_run_info(path, manifest, metas, inputs, world, offsets, ranks, nccl.to_dict() if nccl else None,
-                      from_run_dir=run is not None),
+        run=run_info,
         ranks=ranks,
         collectives=matched.collectives,
         stragglers=stragglers,
@@ -268,6 +274,7 @@ def analyze_path(
         temporal=over_time.to_dict() if over_time is not None else None,
         extra_window=second,
         step_timeline=step_timeline,
+        efficiency=efficiency,
     ), nccl=nccl_report, telemetry=telemetry)
     return _estimates(advised, inputs, step_records, run, notices)
 
@@ -284,6 +291,24 @@ def _step_timeline(inputs: Sequence[RankInput], traces: Mapping[int, RankTrace],
             h = (i.head if i.head is not None else trace_head(i.trace)).get("host_name")
             hosts[i.rank] = h if isinstance(h, str) and h else None
     return step_view(traces, hosts, first)
+
+
+def _efficiency(run: rundir.RunDir | None, ranks: Sequence[RankResult], traces: Mapping[int, RankTrace],
+                metas: Mapping[int, RankMeta], step_records: Mapping[int, Sequence[StepRecord]], summary: Any,
+                device_name: str | None, notices: list[Notice]) -> Any:
+    """The efficiency block (analyzers/efficiency.py); its failure is a notice."""
+    from pardiag.analyzers import efficiency, factors
+    from pardiag.analyzers.flops import FlopCount
+
+    try:
+        return efficiency.analyze(efficiency.Inputs(
+            ranks=ranks, flops={r: FlopCount.from_dict(t.flops) if t.flops else None for r, t in traces.items()},
+            metas=metas, step_records=step_records, job_step_us=summary.step_p50_us,
+            job_step_source=summary.step_p50_source, device_name=device_name,
+            measured=factors.read_peak(run.root) if run is not None else None))
+    except Exception as e:  # MFU is one figure among many: never lose the analysis over it
+        notices.append(Notice("warning", f"MFU left out: {type(e).__name__}: {e}"))
+        return None
 
 
 REPLAY_MAX_BYTES = 1 << 30

@@ -109,6 +109,9 @@ class RankTrace:
     # per profiled step, its time in order: (start, end, category) runs on the rank's clock
     # that tile the step (`step_segments`), for a chart of the step
     segments_per_step_us: dict[int, tuple[tuple[float, float, str], ...]] = field(default_factory=dict)
+    # the window's floating-point work (analyzers/flops.py `FlopCount.to_dict`); None when
+    # no operator with a FLOP rule was recorded in it
+    flops: dict[str, Any] | None = None
 
 
 def profiled_steps(trace: Trace) -> tuple[tuple[StepSpan, ...], int | None]:
@@ -250,11 +253,19 @@ def analyze_rank_trace(trace: Trace, drop_last_step: bool = False) -> RankTrace:
         notices=tuple(notices),
         world_size=trace.distributed.world_size if trace.distributed else None,
         ops=op_stats(trace, window),
+        flops=_flops(trace, window, len(steps)),
         pg_config=tuple(
             {"name": p.name, "desc": p.desc, "size": p.size, "ranks": list(p.ranks)}
             for p in (trace.distributed.pg_config if trace.distributed else ())
         ),
     )
+
+
+def _flops(trace: Trace, window: tuple[float, float], steps: int) -> dict[str, Any] | None:
+    from pardiag.analyzers.flops import count_flops
+
+    got = count_flops(trace, window, steps)
+    return got.to_dict() if got is not None else None
 
 
 # matrix-multiply and convolution kernels (the work mixed precision speeds up)

@@ -40,6 +40,8 @@ def from_body(doc: dict[str, Any]) -> tuple[RankTrace, GpuTime | None, int | Non
     # likewise for the steps' segments (the report's chart of a step)
     r["segments_per_step_us"] = {int(k): tuple((float(a), float(b), str(c)) for a, b, c in v)
                                  for k, v in r["segments_per_step_us"].items()}
+    if "flops" not in r:  # written before FLOPs were counted: `load` reads the trace again
+        raise KeyError("flops")
     r["notices"] = tuple(r.get("notices") or ())
     r["pg_config"] = tuple(r.get("pg_config") or ())
     gpu = GpuTime(**doc["gpu"]) if doc.get("gpu") else None

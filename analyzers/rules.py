@@ -225,6 +225,18 @@ def run_rules(ctx: RuleContext, family: Family | None = None, notices: list[Noti
     return found
 
 
+def _with_mfu(f: Finding, a: Analysis) -> Finding:
+    """The finding with the job's MFU in its evidence where MFU speaks to its cause
+    (analyzers/efficiency.py `mfu_evidence`): a low MFU with little exposed communication
+    is a job held by its input or host, not by the network."""
+    from pardiag.analyzers.efficiency import EVIDENCE_PREFIX, mfu_evidence
+
+    line = mfu_evidence(f.lever, a.efficiency, a.job_summary.comm_exposed_transfer_ratio)
+    if line is None or any(e.startswith(EVIDENCE_PREFIX) for e in f.evidence):
+        return f
+    return replace(f, evidence=[*f.evidence, line])
+
+
 def ordered(findings: Sequence[Finding]) -> list[Finding]:
     """Most important first (`levers.rank_key`); equal ranks keep their order."""
     return sorted(findings, key=rank_key)
@@ -235,5 +247,6 @@ def advise(a: Analysis, *, nccl: NcclReport | None = None, telemetry: Telemetry 
     """The Analysis with the findings of every rule (after those it already has and
     `extra`), ordered, and the what-if projection. A rule that fails is a notice."""
     ctx = RuleContext(a, nccl=nccl if nccl is not None else _no_logs(), telemetry=telemetry)
-    findings = ordered(list(a.findings) + list(extra) + run_rules(ctx, notices=a.notices))
+    found = [_with_mfu(f, a) for f in run_rules(ctx, notices=a.notices)]
+    findings = ordered(list(a.findings) + list(extra) + found)
     return replace(a, findings=findings, what_if=what_if(ctx.step_us, findings))

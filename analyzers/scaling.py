@@ -7,6 +7,10 @@ Analysis' `summary` (`step_p50_us`, `comm_exposed_ratio`), the figures its repor
 - weak scaling (the per-rank batch stays the same): the step should stay the same.
 Which one the runs are is said from their batch sizes.
 
+Each point carries the run's MFU (`summary.mfu`): the share of the devices' peak the
+model's FLOPs used, which falls as ranks are added by the same loss as the efficiency
+when the work per rank stays the same.
+
 Amdahl's law on the throughput speed-up S at r = N / N_0 times the ranks:
 1/S = f + (1 - f)/r, linear in the serial fraction f, fitted by least squares through
 1/S - 1/r = f (1 - 1/r). The projection at 2x and 4x the largest world size uses it.
@@ -31,6 +35,7 @@ class ScalingPoint:
     efficiency: float | None
     comm_exposed_share: float  # the run's summary.comm_exposed_ratio (waiting included, pooled)
     speedup: float | None
+    mfu: float | None = None  # the run's summary.mfu: a falling MFU with growing ranks is the time scaling lost
 
 
 @dataclass(frozen=True)
@@ -76,7 +81,8 @@ def scaling(runs: Sequence[tuple[str, Analysis]]) -> ScalingResult:
         n = int(a.run.world_size or len(a.ranks) or 1)
         step = a.job_summary.step_p50_us or 0.0
         b, accum = _batch(a)
-        rows.append((label, n, step, b, b * accum * n if b else None, a.job_summary.comm_exposed_ratio or 0.0))
+        rows.append((label, n, step, b, b * accum * n if b else None, a.job_summary.comm_exposed_ratio or 0.0,
+                     a.job_summary.mfu))
     rows.sort(key=lambda r: r[1])
     if len({r[1] for r in rows}) < 2:
         notes.append("all runs have the same world size: nothing to compare")
@@ -107,7 +113,8 @@ def scaling(runs: Sequence[tuple[str, Analysis]]) -> ScalingResult:
         x = throughput(row)
         sp = x / x0 if x and x0 else None
         r = row[1] / base[1]
-        points.append(ScalingPoint(row[0], row[1], row[2], row[3], row[4], x, sp / r if sp else None, row[5], sp))
+        points.append(ScalingPoint(row[0], row[1], row[2], row[3], row[4], x, sp / r if sp else None, row[5], sp,
+                                   row[6]))
         if sp:
             ratios.append(r)
             speedups.append(sp)

@@ -43,6 +43,8 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from pardiag.analyzers.flop_rules import OP_NAMES as FLOP_OP_NAMES
+
 BLOCK_BYTES = 16 << 20
 """Bytes read per block."""
 
@@ -60,7 +62,7 @@ _COMM_ANNOTATION_PREFIXES = ("nccl:", "gloo:", "ucc:", "mpi:", "xccl:")
 # The program's own call (`c10d::_reduce_scatter_base_`): kept beside the backend's
 # annotations to name what the program asked for (a backend may run it as another op).
 _C10D_PREFIX = "c10d::"
-_STEP, _SYNC, _COMM = 1, 2, 4  # name flags
+_STEP, _SYNC, _COMM, _FLOP = 1, 2, 4, 8  # name flags
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -92,6 +94,8 @@ class _Args(msgspec.Struct, gc=False):
     pg_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
     input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
+    concrete: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Concrete Inputs")
+    sequence_nr: Any = msgspec.field(default=None, name="Sequence number")
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -226,6 +230,25 @@ class CollectiveEvent:
 
 
 @dataclass(frozen=True)
+class FlopOp:
+    """An operator that performs floating-point work by `pardiag.analyzers.flop_rules`
+    (a matrix multiply, a convolution, attention), with what it recorded of its inputs.
+    `grad_mode`: it carried a ``Sequence number``, which the dispatcher records for an
+    operator called with autograd recording (a forward pass, or a forward recomputed
+    inside backward), never for the operators a backward pass runs."""
+
+    name: str
+    pid: int
+    tid: int
+    ts_us: float
+    dur_us: float
+    input_dims: Any
+    input_type: Any
+    concrete: Any
+    grad_mode: bool
+
+
+@dataclass(frozen=True)
 class Trace:
     """One rank's trace as columns. Times are the file's microseconds."""
 
@@ -246,6 +269,8 @@ class Trace:
     inward to whole microseconds (start up, end down)."""
     min_ts_us: float
     """Earliest start among events with a category and a duration (HTA's origin)."""
+    flop_ops: tuple[FlopOp, ...] = ()
+    """Host operators with a FLOP rule (``cpu_op``), in file order."""
 
     @property
     def rank(self) -> int | None:
@@ -373,6 +398,7 @@ class _Extractor:
                                  dur_us=f64)
         self.steps: list[StepMark] = []
         self.collectives: list[CollectiveEvent] = []
+        self.flop_ops: list[FlopOp] = []
         self.n_events = 0
         self.ts_fractional = False
         self.min_ts: float = float("inf")
@@ -385,7 +411,8 @@ class _Extractor:
         self.name_flags.append(
             (_STEP if "ProfilerStep" in text else 0)
             | (_SYNC if text in SYNC_EVENT_NAMES else 0)
-            | (_COMM if text.startswith(_COMM_ANNOTATION_PREFIXES) or text.startswith(_C10D_PREFIX) else 0))
+            | (_COMM if text.startswith(_COMM_ANNOTATION_PREFIXES) or text.startswith(_C10D_PREFIX) else 0)
+            | (_FLOP if FLOP_OP_NAMES.match(text) else 0))
         return nid
 
     def _cat_id(self, cat: str) -> int:
@@ -490,6 +517,13 @@ class _Extractor:
                                        hta_gpu))
         if a is None:
             return
+        if f & _FLOP and gpu_stream is None and cat == "cpu_op":
+            pid, tid = e.pid, e.tid
+            self.flop_ops.append(FlopOp(
+                name=name, pid=pid if type(pid) is int else -1, tid=tid if type(tid) is int else -1,
+                ts_us=float(e.ts or 0), dur_us=float(e.dur or 0), input_dims=_raw_value(a.input_dims),
+                input_type=_raw_value(a.input_type), concrete=_raw_value(a.concrete),
+                grad_mode=a.sequence_nr is not None))
         if gpu_stream is None and a.correlation is not None and not f & _SYNC:
             tid = e.tid
             self.launches.append(nid, tid if type(tid) is int else -1, a.correlation,
@@ -533,6 +567,7 @@ class _Extractor:
             n_events=self.n_events,
             ts_fractional=self.ts_fractional,
             min_ts_us=float(self.min_ts) if self.min_ts != float("inf") else 0.0,
+            flop_ops=tuple(self.flop_ops),
         )
 
 

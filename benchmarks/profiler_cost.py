@@ -42,6 +42,11 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "no_shapes": {"record_shapes": False},
     "shapes_stack": {"record_shapes": True, "with_stack": True},
     "shapes_memory": {"record_shapes": True, "profile_memory": True},
+    # torch's own FLOP estimate per operator (mm, addmm, bmm, baddbmm, conv2d, mul, add): pardiag
+    # counts FLOPs from the recorded shapes instead (analyzers/flop_rules.py) and does not turn it
+    # on: torch 2.13 keeps the estimate in the in-memory events (`event.flops`) and writes none
+    # of it into the exported trace that pardiag reads. Kept to show what it would cost
+    "shapes_flops": {"record_shapes": True, "with_flops": True},
 }
 
 

@@ -113,21 +113,30 @@ except ImportError:  # not on Unix
     _RUSAGE_SELF = 0
 
 
-def _first_tensor_elems(args: tuple, kwargs: dict) -> int:
-    """Elements of the first tensor among a forward's arguments (a batch of token ids:
-    its tokens), looking one level into a list, tuple or dict; 0 without one."""
+def _first_tensor(args: tuple, kwargs: dict) -> Any:
+    """The first tensor among a forward's arguments (a batch of token ids), looking one
+    level into a list, tuple or dict; None without one."""
     for v in (*args, *kwargs.values()):
         if isinstance(v, torch.Tensor):
-            return v.numel()
+            return v
         if isinstance(v, (list, tuple)):
             for w in v:
                 if isinstance(w, torch.Tensor):
-                    return w.numel()
+                    return w
         elif isinstance(v, dict):
             for w in v.values():
                 if isinstance(w, torch.Tensor):
-                    return w.numel()
-    return 0
+                    return w
+    return None
+
+
+def _tensor_facts(t: Any, seen_in: str) -> dict[str, Any]:
+    """A tensor's shape and dtype as plain JSON; what could not be read is said, so that
+    an odd tensor (a subclass with symbolic sizes) costs this fact, not the forward's timing."""
+    try:
+        return {"shape": [int(d) for d in t.shape], "dtype": str(t.dtype).removeprefix("torch."), "seen_in": seen_in}
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"[:200], "seen_in": seen_in}
 
 
 # While torch.compile traces, every wrapper calls straight through, so the traced code
@@ -150,6 +159,7 @@ class Framework:
         self.optimizers: list[weakref.ref[Any]] = []
         self.autocast_seen: dict[str, set[str]] = {}
         self.no_sync_calls = 0
+        self.first_input: dict[str, Any] | None = None  # the first DDP forward's first tensor: shape, dtype
         self.grad_scaler_calls = 0
         self.backwards_per_step: list[int] = []
         self.framework: dict[str, Any] | None = None
@@ -361,7 +371,11 @@ class Framework:
                 seen.add(id(m))
                 self.ddp.append(weakref.ref(m))
             counters.forwards += 1
-            counters.in_elems += _first_tensor_elems(_a, _k)
+            t = _first_tensor(_a, _k)
+            if t is not None:
+                counters.in_elems += t.numel()
+                if self.first_input is None:  # once: what a sample is (its shape past the batch)
+                    self.first_input = _tensor_facts(t, "DistributedDataParallel.forward")
             if not getattr(m, "require_backward_grad_sync", True):
                 counters.no_sync_forwards += 1
                 self.no_sync_calls += 1
@@ -425,6 +439,7 @@ class Framework:
             ("ddp", self._ddp_facts),
             ("fsdp", self._fsdp_facts),
             ("amp", self._amp_facts),
+            ("inputs", lambda: {"first": self.first_input} if self.first_input else None),
             ("dataloaders", lambda: list(self.loaders.values())),
             ("grad_accumulation", self._accumulation_facts),
             ("optimizers", self._optimizer_facts),

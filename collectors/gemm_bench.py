@@ -18,8 +18,16 @@ recorded sizes, strides and argument values:
 
 The two are timed alternately (so that other work on the host slows both alike), in
 batches of calls long enough for the clock, after a warm-up: the median of the batches'
-per-call time. On a GPU with CUDA events around each batch. The file imports only torch
-and the standard library: it runs in a separate process and never inside the job.
+per-call time. On a GPU with CUDA events around each batch.
+
+With ``peak_budget_s`` in SPEC, it also times one large square matrix multiply in each
+of the two precisions (n x n matrices, n doubled from 256 until a call lasts 20 ms or n
+reaches 4096 on a CPU, 8192 on a GPU; through ``torch.mm`` and through
+``torch.nn.functional.linear``, the faster counts: on some CPUs bf16 runs 7x faster
+through oneDNN's linear than through mm): the throughput this host reaches with the job's
+threads, the peak that MFU is measured against where no datasheet figure
+applies (a CPU). The file imports only torch and the standard library: it runs in a
+separate process and never inside the job.
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ INT_TYPES = {"long int": torch.int64, "int": torch.int32, "short int": torch.int
              "signed char": torch.int8, "unsigned char": torch.uint8, "bool": torch.bool}
 BATCH_S = 2e-4  # a timed batch lasts at least this long
 MIN_REPEATS, MAX_REPEATS = 3, 25
+PEAK_CALL_S = 0.02  # the square GEMM grows until one call lasts this long
+PEAK_MAX_N = {"cpu": 4096, "cuda": 8192}
 
 
 def device_name(device: str) -> str:
@@ -163,6 +173,61 @@ def time_shape(shape: dict[str, Any], device: str, half: torch.dtype, budget_s: 
     return {"fp32_us": f, "half_us": h, "speedup": f / h if h > 0 else None, "repeats": repeats, "calls_per_repeat": inner}
 
 
+def square_gemm(device: str, dtype: torch.dtype, budget_s: float, op: str = "mm") -> dict[str, Any]:
+    """{n, us, tflops, repeats} of one n x n matrix product in `dtype` (`op` "mm": torch.mm;
+    "linear": torch.nn.functional.linear, which takes another library path on some CPUs),
+    within about `budget_s`: the median of the timed calls after a warm-up."""
+    timer = Timer(device)
+    t0 = time.perf_counter()
+    n = 256
+    while True:
+        a = torch.randn(n, n, device=device).to(dtype)
+        b = torch.randn(n, n, device=device).to(dtype)
+        out = torch.empty(n, n, device=device, dtype=dtype)
+        if op == "mm":
+            def call() -> Any:
+                return torch.mm(a, b, out=out)
+        else:
+            def call() -> Any:
+                return torch.nn.functional.linear(a, b)
+
+        call()
+        _sync(device)
+        once = timer.batch(call, 1)
+        spent = time.perf_counter() - t0
+        if once >= PEAK_CALL_S or n >= PEAK_MAX_N[device] or spent + 8 * once * 3 > budget_s / 2:
+            break
+        n *= 2
+    inner = max(1, min(100, int(PEAK_CALL_S / max(once, 1e-7))))
+    left = budget_s - (time.perf_counter() - t0)
+    repeats = max(1, min(MAX_REPEATS, int(left / (once * inner))))
+    times = [timer.batch(call, inner) for _ in range(repeats)]
+    us = statistics.median(times) * 1e6
+    return {"n": n, "op": op, "us": us, "tflops": 2.0 * n ** 3 / us / 1e6, "repeats": repeats,
+            "calls_per_repeat": inner}
+
+
+def measure_peaks(device: str, half: torch.dtype, budget_s: float) -> dict[str, Any]:
+    """The square GEMM in float32 (with the job's TF32 setting) and in `half`; a
+    precision that fails is an error line, never an exception."""
+    out: dict[str, Any] = {}
+    for dtype in (torch.float32, half):
+        name = str(dtype).removeprefix("torch.")
+        best: dict[str, Any] | None = None
+        for op in ("mm", "linear"):  # the faster of two library paths: the peak is what this host reaches
+            try:
+                with torch.no_grad():
+                    got = square_gemm(device, dtype, budget_s / 4, op)
+            except Exception as e:
+                got = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]}
+            if best is None or got.get("tflops", 0.0) > best.get("tflops", 0.0):
+                best = got
+        out[name] = best
+    if device == "cuda":
+        out["float32_allow_tf32"] = bool(torch.backends.cuda.matmul.allow_tf32)
+    return out
+
+
 def main(argv: list[str]) -> int:
     spec_path, out_path = argv[1], argv[2]
     with open(spec_path) as f:
@@ -179,7 +244,8 @@ def main(argv: list[str]) -> int:
         torch.backends.cuda.matmul.allow_tf32 = bool(spec.get("cuda_matmul_allow_tf32", False))
         torch.backends.cudnn.allow_tf32 = bool(spec.get("cudnn_allow_tf32", True))
     half = half_dtype(device)
-    budget = float(spec.get("budget_s", 15.0))
+    peak_budget = float(spec.get("peak_budget_s") or 0.0)
+    budget = float(spec.get("budget_s", 15.0)) - peak_budget
     rows = []
     shapes = spec.get("shapes") or []
     for i, shape in enumerate(shapes):
@@ -195,7 +261,10 @@ def main(argv: list[str]) -> int:
         rows.append(row)
     doc = {"device": device, "device_name": device_name(device), "torch": torch.__version__,
            "threads": torch.get_num_threads(), "half_dtype": str(half).removeprefix("torch."),
-           "rows": rows, "seconds": time.perf_counter() - started}
+           "rows": rows}
+    if peak_budget > 0:
+        doc["peak"] = measure_peaks(device, half, peak_budget)
+    doc["seconds"] = time.perf_counter() - started
     with open(out_path, "w") as f:
         json.dump(doc, f)
     return 0

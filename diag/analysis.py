@@ -29,6 +29,7 @@ from pardiag.analysis_blocks import (
     upgrade_blocks,
     what_if_from_dict,
 )
+from pardiag.analysis_efficiency import Efficiency, efficiency_from_dict
 from pardiag.errors import UserError
 from pardiag.run_info import FrameworkInfo, RunInfo  # noqa: F401  (FrameworkInfo: for readers)
 
@@ -115,6 +116,10 @@ class RankResult:
     # per counted step of steps.jsonl (the last HOST_STEPS_KEPT), its duration ("step")
     # and the host phases it observed
     host_per_step_us: dict[str, dict[str, float]] = field(default_factory=dict)
+    # model / hardware FLOPs utilisation of this rank (the `efficiency` block's, None when
+    # not known: no shapes, no peak, an older analysis)
+    mfu: float | None = None
+    hfu: float | None = None
 
 
 @dataclass(frozen=True)
@@ -208,6 +213,9 @@ SUMMARY_DEFINITIONS = {
                                "adjacent: the same ratio as job against the counted steps at most 4 before the "
                                "window opens or after it closes (median over ranks); page_faults: the process's "
                                "minor page faults per step, profiled and plain, medians as by_phase_us",
+    "mfu": "the job's model FLOPs utilisation, as the efficiency block's mfu (its definitions say how it is "
+           "counted); None when not known",
+    "hfu": "the job's hardware FLOPs utilisation (recomputed forward passes counted), as efficiency.hfu",
 }
 
 
@@ -254,6 +262,8 @@ class Summary:
     profiled_step_inflation: Inflation
     computed_from: Literal["steps", "ranks"]  # "ranks": without step records (schema 1 upgraded, or built by hand)
     definitions: dict[str, str] = field(default_factory=lambda: dict(SUMMARY_DEFINITIONS))
+    mfu: float | None = None  # the efficiency block's, for the job
+    hfu: float | None = None
 
 
 @dataclass(frozen=True)
@@ -287,6 +297,10 @@ class Analysis:
     # step, ranks (at most 32: per rank start_us, end_us and its segments [start_us, end_us,
     # breakdown category] in order, the earliest start at 0), ranks_total, clock_offsets_us
     step_timeline: dict[str, Any] | None = None
+    # model and hardware FLOPs utilisation, achieved TFLOP/s, the peak used and where it
+    # comes from, samples or tokens per second (analyzers/efficiency.py); None: no trace,
+    # or an older analysis
+    efficiency: Efficiency | None = None
 
     def __post_init__(self) -> None:
         # An Analysis built without a summary (by hand, or a schema-1 file) gets the one
@@ -391,6 +405,7 @@ def from_dict(doc: Mapping[str, Any], source: str = "analysis") -> Analysis:
         temporal=dict(tp) if isinstance(tp := doc.get("temporal"), Mapping) and tp else None,
         extra_window=dict(xw) if isinstance(xw := doc.get("extra_window"), Mapping) and xw else None,
         step_timeline=dict(st) if isinstance(st := doc.get("step_timeline"), Mapping) and st else None,
+        efficiency=efficiency_from_dict(doc.get("efficiency")),
     )
     if v < 2:
         from pardiag.analyzers.summary import readvise

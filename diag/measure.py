@@ -35,6 +35,7 @@ from pardiag.rank_meta import RankMeta
 TOP_SHAPES = 8
 GEMM_TIMEOUT_S = 20.0  # the whole measurement, the interpreter's start and torch's import included
 GEMM_BUDGET_S = 10.0  # of it, the timing itself
+PEAK_BUDGET_S = 2.0  # of that, the square GEMM that measures this host's peak (gemm_bench.square_gemm)
 SWEEP_TIMEOUT_S = 30.0
 SWEEP_BUDGET_S = 12.0
 SWEEP_MAX_RANKS = 8
@@ -162,6 +163,7 @@ def measure_gemm(run: rundir.RunDir, rank: int, trace: Path, meta: RankMeta | No
     spec = {"device": device, "threads": threads.get("torch_num_threads") if device == "cpu" else None,
             "cuda_matmul_allow_tf32": bool(amp.get("cuda_matmul_allow_tf32")),
             "cudnn_allow_tf32": amp.get("cudnn_allow_tf32", True), "budget_s": GEMM_BUDGET_S,
+            "peak_budget_s": PEAK_BUDGET_S,
             "shapes": [s.to_dict() for s in top]}
     with tempfile.TemporaryDirectory(prefix="pardiag-gemm-") as tmp:
         spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "out.json"
@@ -192,7 +194,8 @@ def measure_gemm(run: rundir.RunDir, rank: int, trace: Path, meta: RankMeta | No
         next((r["error"] for r in rows if r.get("error")), "no result")))
     doc = _gemm_doc(status, reason, **base, device_name=result.get("device_name"), torch=result.get("torch"),
                     threads=result.get("threads"), from_dtype="float32", to_dtype=result.get("half_dtype"),
-                    speedup=speedup, covered_share=covered, timing_s=result.get("seconds"), shapes=rows)
+                    speedup=speedup, covered_share=covered, timing_s=result.get("seconds"), shapes=rows,
+                    peak=result.get("peak"))
     _write(run.gemm_factor, doc)
     return doc
 

@@ -281,6 +281,8 @@ class RankMeta(_Record):
     ddp: tuple[DdpModule, ...] | None = None
     fsdp: Mapping[str, Any] | None = None
     amp: Mapping[str, Any] | None = None
+    # `first`: the first tensor the first DDP forward got (shape, dtype): what one sample is
+    inputs: Mapping[str, Any] | None = None
     dataloaders: tuple[DataLoaderInfo, ...] | None = None
     grad_accumulation: Mapping[str, Any] | None = None
     optimizers: tuple[Any, ...] | None = None
@@ -300,7 +302,7 @@ class RankMeta(_Record):
         "steps_completed": _opt_int, "step_source": _opt_str,
         "argv": lambda v: tuple(str(x) for x in v) if isinstance(v, (list, tuple)) else None,
         "exit": lambda v: ExitInfo.from_mapping(v) if isinstance(v, Mapping) else ExitInfo(),
-        "ddp": _records(DdpModule), "fsdp": _opt_mapping, "amp": _opt_mapping,
+        "ddp": _records(DdpModule), "fsdp": _opt_mapping, "amp": _opt_mapping, "inputs": _opt_mapping,
         "dataloaders": _records(DataLoaderInfo), "grad_accumulation": _opt_mapping, "optimizers": _opt_list,
         "parameters": _opt_mapping, "device": _record(DeviceInfo), "versions": _opt_mapping,
         "threads": _opt_mapping, "framework": _record(FrameworkIdent), "profiler": _record(ProfilerInfo),

@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pardiag.analysis import Analysis, RankResult
+from pardiag.display_efficiency import efficiency_lines, efficiency_words
 from pardiag.display import (
     critical_path_of,
     critical_path_words,
@@ -139,6 +140,10 @@ def print_headline(a: Analysis, console: Console) -> None:
         console.print(Text(f"exposed communication: {exposed_words(h)}"))
     if (cp := critical_path_of(a)) is not None:
         console.print(Text(f"critical path: {critical_path_words(cp)}"))
+    if (eff := efficiency_words(a)) is not None:
+        console.print(Text(f"efficiency: {eff}"))
+        for line in efficiency_lines(a)[:3]:
+            console.print(Text(f"  {line}", style="dim"))
 
 
 def print_summary(a: Analysis, console: Console | None = None, next_for: str | None = None) -> None:

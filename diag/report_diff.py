@@ -84,6 +84,35 @@ def _phase_rows(d: DiffResult) -> list[tuple[str, ...]]:
             for p in d.phases if p.base_us_per_step or p.head_us_per_step]
 
 
+def _efficiency_rows(d: DiffResult) -> list[tuple[str, str, str, str]]:
+    """MFU, HFU, achieved, FLOPs per step and throughput, BASE against HEAD; [] when
+    neither run has an efficiency block."""
+    from pardiag.display_efficiency import flops_text, rate_text, ratio_text
+
+    e = d.efficiency
+    if e is None:
+        return []
+
+    def points(b: float | None, h: float | None) -> str:
+        return "-" if b is None or h is None else f"{(h - b) * 100:+.1f} pt"
+
+    def rel(b: float | None, h: float | None) -> str:
+        return "-" if not b or h is None else f"{h / b - 1:+.1%}"
+
+    rows = [("MFU", ratio_text(e.base_mfu), ratio_text(e.head_mfu), points(e.base_mfu, e.head_mfu))]
+    if e.base_hfu != e.base_mfu or e.head_hfu != e.head_mfu:
+        rows.append(("HFU", ratio_text(e.base_hfu), ratio_text(e.head_hfu), points(e.base_hfu, e.head_hfu)))
+    rows += [("model achieved", rate_text(e.base_model_tflops), rate_text(e.head_model_tflops),
+              rel(e.base_model_tflops, e.head_model_tflops)),
+             ("model FLOPs per step", flops_text(e.base_model_flops_per_step), flops_text(e.head_model_flops_per_step),
+              rel(e.base_model_flops_per_step, e.head_model_flops_per_step))]
+    for name, b, h in (("samples/s", e.base_samples_per_s, e.head_samples_per_s),
+                       ("tokens/s", e.base_tokens_per_s, e.head_tokens_per_s)):
+        if b is not None or h is not None:
+            rows.append((name, _num(b, "{:,.1f}"), _num(h, "{:,.1f}"), rel(b, h)))
+    return rows
+
+
 def _num(x: float | None, fmt: str = "{:.1f}") -> str:
     return "-" if x is None else fmt.format(x)
 
@@ -125,6 +154,9 @@ def render_markdown(d: DiffResult) -> str:
     grew = _grew(d)
     if grew:
         out += [f"**Where the time per step grew (profiled window):** {md_text(grew, 400)}", ""]
+    eff = _efficiency_rows(d)
+    if eff:
+        out += ["### Efficiency", "", *md_table(("", "BASE", "HEAD", "change"), eff), ""]
     out += _md_findings("Findings new in HEAD", d.new_findings)
     out += _md_findings("Findings resolved since BASE", d.resolved_findings)
     cats = _category_rows(d)
@@ -169,6 +201,9 @@ def print_text(d: DiffResult) -> None:
     grew = _grew(d)
     if grew:
         console.print(f"time per step grew most in: {grew}", markup=False)
+    eff = _efficiency_rows(d)
+    if eff:
+        console.print(_table("efficiency", ("", "BASE", "HEAD", "change"), eff))
     for title, findings in (("new in HEAD", d.new_findings), ("resolved since BASE", d.resolved_findings)):
         for f in findings:
             console.print(f"finding {title}: [{f.lever}] {f.title}", markup=False)

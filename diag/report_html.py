@@ -25,6 +25,13 @@ from plotly.offline import get_plotlyjs
 from pardiag import style
 from pardiag.analysis import Analysis, Collective, Finding, RankResult
 from pardiag.analysis_blocks import Hang, Telemetry
+from pardiag.display_efficiency import (
+    RANK_EFFICIENCY_HEADER,
+    efficiency_lines,
+    efficiency_words,
+    rank_efficiency_cells,
+    ratio_text,
+)
 from pardiag.display import (
     over_time_lines,
     critical_path_of,
@@ -495,6 +502,20 @@ def _timeline_view(a: Analysis) -> dict[str, Any] | None:
             "of": f"{shown} of {total} ranks" if isinstance(total, int) and total > shown else None}
 
 
+def _efficiency_view(a: Analysis) -> dict[str, Any] | None:
+    """The efficiency section: MFU and HFU in one sentence, the detail lines, per rank
+    (at most MAX_TABLE_ROWS, the lowest MFU kept past that)."""
+    e = a.efficiency
+    words = efficiency_words(a)
+    if e is None or words is None:
+        return None
+    rows = sorted(e.ranks, key=lambda x: (x.mfu if x.mfu is not None else 2.0, x.rank))[:MAX_TABLE_ROWS]
+    return {"words": words, "lines": efficiency_lines(a), "mfu": ratio_text(e.mfu), "known": e.mfu is not None,
+            "hfu": ratio_text(e.hfu) if e.recompute_flops_per_step > 0 else None,
+            "header": RANK_EFFICIENCY_HEADER,
+            "rows": [rank_efficiency_cells(x) for x in sorted(rows, key=lambda x: x.rank)]}
+
+
 # the per-GPU figures the report's telemetry table shows (the table has room for eight)
 TELEMETRY_GPU_COLUMNS = ("host", "gpu", "ranks", "util_gpu_ratio_mean", "sm_clock_busy_mean_mhz", "temperature_max_c",
                          "slowdown_share", "throttle_share")
@@ -534,6 +555,7 @@ def _context(a: Analysis) -> dict[str, Any]:
         "what_if_method": what_if_method_words(a.what_if),
         "critical_path": _critical_path_view(a),
         "timeline": _timeline_view(a),
+        "efficiency": _efficiency_view(a),
         "collectives": collectives[:MAX_TABLE_ROWS], "collectives_total": len(collectives),
         "groups": [(g, rank_ranges(g.ranks)) for g in a.process_groups[:MAX_TABLE_ROWS]],
         "notices": ordered_notices(a)[:MAX_NOTICES],

@@ -10,6 +10,12 @@ import re
 from typing import Iterable, Sequence
 
 from pardiag.analysis import Analysis, Finding, RankResult
+from pardiag.display_efficiency import (
+    RANK_EFFICIENCY_HEADER,
+    efficiency_lines,
+    efficiency_words,
+    rank_efficiency_cells,
+)
 from pardiag.display import (
     over_time_lines,
     critical_path_of,
@@ -103,6 +109,8 @@ def _headline_lines(a: Analysis) -> list[str]:
         lines.append(f"- **If all were applied:** {md_text(what_if, 400)}")
     if (cp := critical_path_of(a)) is not None:
         lines.append(f"- **Critical path:** {md_text(critical_path_words(cp), 400)}")
+    if (eff := efficiency_words(a)) is not None:
+        lines.append(f"- **Efficiency:** {md_text(eff, 400)}")
     return [*lines, ""]
 
 
@@ -173,6 +181,20 @@ def _over_time_lines(a: Analysis) -> list[str]:
     return ["### Over time", "", *(f"- {md_text(x, 300)}" for x in said), ""]
 
 
+def _efficiency_lines(a: Analysis) -> list[str]:
+    """MFU in detail: FLOPs per step, the peak and its source, notes; per rank when the
+    ranks differ (at most FULL_TABLE_RANKS rows, the lowest MFU first past that)."""
+    said = efficiency_lines(a)
+    if not said or a.efficiency is None:
+        return []
+    out = ["### Efficiency (MFU)", "", *(f"- {md_text(x, 400)}" for x in said), ""]
+    rows = a.efficiency.ranks
+    if len(rows) > 1:
+        shown = sorted(rows, key=lambda x: (x.mfu if x.mfu is not None else 2.0, x.rank))[:FULL_TABLE_RANKS]
+        out += [*md_table(RANK_EFFICIENCY_HEADER, (rank_efficiency_cells(x) for x in sorted(shown, key=lambda x: x.rank))), ""]
+    return out
+
+
 def _collective_lines(a: Analysis) -> list[str]:
     if not a.collectives:
         return []
@@ -234,7 +256,7 @@ def render_markdown(a: Analysis, max_chars: int = MAX_CHARS) -> str:
     """The summary, guaranteed shorter than max_chars: sections that do not fit are
     left out whole, and the comment says so."""
     sections = [_headline_lines(a), _hang_lines(a), _finding_lines(a), _straggler_lines(a), _over_time_lines(a), _rank_lines(a),
-                _collective_lines(a), _notice_lines(a)]
+                _efficiency_lines(a), _collective_lines(a), _notice_lines(a)]
     footer = FOOTER + "\n"
     cut = "_Some sections did not fit in a comment; see the full report._\n"
     budget = max_chars - len(footer) - len(cut) - 1

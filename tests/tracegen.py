@@ -145,3 +145,30 @@ def gloo_replay_rank(sleep_us: float = 0.0, arrive_us: float = 2210.0, coll_end_
     wake = coll_end_us + 20 if wake_us is None else wake_us
     ev += [x("Optimizer.step#SGD.step", wake, 100.0, cat="user_annotation"), x("aten::add_", wake, 100.0)]
     return [x("ProfilerStep#1", 0.0, wake + 100, cat="user_annotation"), *ev]
+
+
+# -- counts worked out from a real trace --------------------------------------------------------
+
+
+def matmul_flops_by_torch(path: Path) -> tuple[float, int]:
+    """The trace's matrix products inside its ProfilerSteps, each counted by torch's own
+    flop_counter on meta tensors of the recorded shapes: (FLOPs, profiled steps). For a
+    trace whose matrix products are all aten::mm, aten::addmm or aten::bmm, none nested in
+    another (linear and matmul call them), as in the sampled GPU fixture."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with gzip.open(path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("cat") == "user_annotation"]
+    lo, hi = min(e["ts"] for e in steps), max(e["ts"] + e["dur"] for e in steps)
+    ops = {"aten::mm": torch.ops.aten.mm, "aten::addmm": torch.ops.aten.addmm, "aten::bmm": torch.ops.aten.bmm}
+    total = 0
+    with FlopCounterMode(display=False) as fc:
+        for e in events:
+            if e.get("cat") == "cpu_op" and e["name"] in ops and lo <= e["ts"] < hi:
+                dims = e["args"]["Input Dims"]
+                tensors = [torch.empty(d, device="meta") for d in dims[:3] if d]
+                ops[e["name"]](*tensors)
+        total = fc.get_total_flops()
+    return float(total), len(steps)

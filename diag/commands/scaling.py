@@ -38,20 +38,23 @@ def execute(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from pardiag.display_efficiency import ratio_text
+
     console = Console(highlight=False)
     t = Table(title=f"scaling ({result.mode})", title_justify="left")
     for col in ("run", "ranks", "median step ms", "batch/rank", "samples/s", "speed-up", "efficiency",
-                "exposed comm"):
+                "exposed comm", "MFU"):
         t.add_column(col, justify="left" if col == "run" else "right", overflow="fold")
     for pt in result.points:
         t.add_row(
             pt.label, str(pt.world_size), f"{pt.step_us / 1000:.1f}", str(pt.batch_per_rank or "?"),
             f"{pt.throughput:.1f}" if pt.throughput else "-", f"{pt.speedup:.2f}" if pt.speedup else "-",
-            f"{pt.efficiency:.0%}" if pt.efficiency else "-", f"{pt.comm_exposed_share:.0%}",
+            f"{pt.efficiency:.0%}" if pt.efficiency else "-", f"{pt.comm_exposed_share:.0%}", ratio_text(pt.mfu),
         )
     console.print(t)
     console.print("median step: the median of the ranks' p50; exposed comm: of the profiled time, waiting for other "
-                  "ranks included, pooled over ranks (the figures of each run's report)", style="dim", markup=False)
+                  "ranks included, pooled over ranks; MFU: model FLOPs of the devices' peak (the figures of each run's "
+                  "report)", style="dim", markup=False)
     if result.serial_fraction is not None:
         console.print(f"Amdahl serial fraction: {result.serial_fraction:.1%}")
         for p in result.projected:

@@ -23,6 +23,7 @@ from pardiag.display import (
     ordered_findings,
     quantile,
 )
+from pardiag.display_efficiency import efficiency_words
 from pardiag.tui import format as fmt
 from pardiag.tui.messages import OpenRank
 from pardiag.tui.screens.base import PardiagScreen
@@ -108,6 +109,8 @@ def summary(a: Analysis) -> RenderableType:
         lines.append(Text(f"straggler: {words}", style="green" if words.startswith("none;") else "yellow"))
     if (cp := critical_path_of(a)) is not None:
         lines.append(Text.assemble(("critical path: ", "bold"), critical_path_words(cp)))
+    if (eff := efficiency_words(a)) is not None:
+        lines.append(Text.assemble(("efficiency: ", "bold"), eff))
     return Group(*lines)
 
 
