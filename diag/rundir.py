@@ -271,22 +271,11 @@ def atomic_write_text(path: Path, text: str, durable: bool = True) -> None:
 
 def atomic_write_bytes(path: Path, data: bytes, durable: bool = False) -> None:
     """`atomic_write_text` for bytes (a flight-recorder dump: no fsync by default)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_open(path) as f:
+        f.write(data)
+        f.flush()
+        if durable:
+            os.fsync(f.fileno())
 
 
 @contextmanager
