@@ -291,7 +291,7 @@ def _step_rows(timed: Mapping[int, RankTrace], offsets: Mapping[int, float], sho
         segs = timed[r].segments_per_step_us[step]
         rows.append({"rank": r, "start_us": at(r, segs[0][0]), "end_us": at(r, segs[-1][1]),
                      "segments": [[at(r, s), at(r, e), c] for s, e, c in segs]})
-    colls = []
+    colls: list[dict[str, Any]] = []
     for c in _matched(((k, b) for k, b in matched if k[1] == step), at):
         members = [m for m in c.members if m.rank in shown]
         if members:

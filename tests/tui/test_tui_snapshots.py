@@ -35,7 +35,7 @@ def test_findings(snap_compare, size: tuple[int, int]) -> None:
 @pytest.mark.parametrize("size", [pytest.param((80, 24), id="80x24"), pytest.param((120, 40), id="120x40")])
 def test_timeline(snap_compare, size: tuple[int, int]) -> None:
     """tests/data/cpu-2rank's step 8 on both ranks, its all_reduce chosen."""
-    assert snap_compare(app("tui-timeline.analysis.json"), press=["3", "tab"], terminal_size=size)
+    assert snap_compare(app("tui-timeline.json"), press=["3", "tab"], terminal_size=size)
 
 
 def test_overview_with_the_critical_path(snap_compare) -> None:

@@ -34,8 +34,9 @@ def anyio_backend() -> str:
 
 
 def cpu_run() -> Analysis:
-    """tests/data/cpu-2rank analysed (tui-timeline.analysis.json)."""
-    return model.load(DATA / "tui-timeline.analysis.json")
+    """tests/data/cpu-2rank analysed, kept as tui-timeline.json (not an *.analysis.json: the
+    renderers' contract analyses cpu-2rank itself)."""
+    return model.load(DATA / "tui-timeline.json")
 
 
 @functools.cache
@@ -218,3 +219,24 @@ async def test_a_rank_without_events_says_so_and_no_block_falls_back() -> None:
         await settle(pilot)
         assert not pilot.app.screen.query(StepLanes)
         assert "no step timeline in this analysis" in screen_text(pilot.app)
+
+
+def test_the_help_lists_the_timeline_keys() -> None:
+    from pardiag.tui.screens.help import KEYS
+
+    keys = dict(KEYS)["timeline"]
+    assert [k for k, _ in keys] == ["+ / -", "← / →", "home / end", "[ / ]", "tab ⇧tab", "0"]
+    bound = {b.key for b in StepLanes.BINDINGS if hasattr(b, "key")}
+    assert {"plus,equals_sign", "minus", "left", "right", "home", "end", "left_square_bracket",
+            "right_square_bracket", "tab,enter", "shift+tab", "0"} == bound
+
+
+@pytest.mark.parametrize("block", [None, [], {"steps": "x"}, {"steps": [{"step": "8"}]},
+                                   {"steps": [{"step": 8, "ranks": [{"rank": 0, "segments": [[0, "a", "compute"]]}],
+                                               "collectives": [{"members": [{"rank": 0}]}, 3]}]}])
+def test_a_broken_block_gives_what_it_can(block: Any) -> None:
+    from pardiag.tui.step_events import profiled_steps
+
+    steps = profiled_steps(block)
+    assert all(s.collectives == () for s in steps)
+    assert [(s.step, [r.segments for r in s.ranks]) for s in steps] in ([], [(8, [()])])
