@@ -52,7 +52,10 @@ class ProfiledStep:
 
     @property
     def span_us(self) -> float:
-        return max((r.end_us for r in self.ranks), default=0.0)
+        """To the last rank's end of the step, or a collective's end past it (one issued
+        in the step may end in the next)."""
+        ends = [r.end_us for r in self.ranks] + [p.end_us for c in self.collectives for p in c.parts]
+        return max(ends, default=0.0)
 
 
 def _number(x: Any) -> bool:

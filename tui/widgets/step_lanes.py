@@ -144,6 +144,8 @@ class StepLanes(ScrollView, can_focus=True):
 
     def _bring_into_view(self, c: StepCollective) -> None:
         lo, hi = min(p.start_us for p in c.parts), max(p.end_us for p in c.parts)
+        while hi - lo > self.visible_us() and self.zoom > 1.0:  # zoomed out until it fits
+            self.zoom = max(1.0, self.zoom / ZOOM_STEP)
         if lo < self.offset_us or hi > self.offset_us + self.visible_us():
             self.offset_us = (lo + hi - self.visible_us()) / 2
 
