@@ -7,11 +7,15 @@ put in the block that is not numbers where numbers belong is left out, never rai
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
 from dataclasses import dataclass
-from typing import Any, Sequence
+from functools import cached_property
+from typing import Any
+
+import numpy as np
 
 from pardiag import style
+
+CATEGORIES = tuple(style.CATEGORY_LABELS)
 
 
 @dataclass(frozen=True)
@@ -22,6 +26,44 @@ class RankEvents:
     @property
     def end_us(self) -> float:
         return self.segments[-1][1] if self.segments else 0.0
+
+    @cached_property
+    def _covered(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """starts, ends, category index of each run, and per category the time its runs
+        before each run cover (one row per category, one column per run and one more)."""
+        starts = np.array([s for s, _, _ in self.segments], dtype=float)
+        ends = np.array([e for _, e, _ in self.segments], dtype=float)
+        kinds = np.array([CATEGORIES.index(c) for _, _, c in self.segments], dtype=int)
+        cum = np.zeros((len(CATEGORIES), len(self.segments) + 1))
+        for k in range(len(CATEGORIES)):
+            cum[k, 1:] = np.cumsum(np.where(kinds == k, ends - starts, 0.0))
+        return starts, ends, kinds, cum
+
+    def covered_until(self, t: np.ndarray) -> np.ndarray:
+        """Per category (rows), the time its runs cover from the first run to each ``t``."""
+        starts, ends, kinds, cum = self._covered
+        i = np.searchsorted(starts, t, side="right") - 1  # the run starting at or before t
+        inside = i >= 0
+        j = np.where(inside, i, 0)
+        part = np.where(inside, np.clip(np.minimum(t, ends[j]) - starts[j], 0.0, None), 0.0)
+        out = np.where(inside, cum[:, j], 0.0)
+        for k in range(len(CATEGORIES)):
+            out[k] += np.where(inside & (kinds[j] == k), part, 0.0)
+        return out
+
+    def cells(self, start_us: float, cell_us: float, n: int) -> list[str | None]:
+        """The category of each of ``n`` cells from ``start_us``, ``cell_us`` each: the one
+        covering most of the cell (of two covering as much: the first in the legend);
+        None where more of the cell is uncovered than any category covers."""
+        if not self.segments or n <= 0:
+            return [None] * max(n, 0)
+        edges = start_us + cell_us * np.arange(n + 1)
+        cover = np.diff(self.covered_until(edges), axis=1)  # categories x cells
+        best = cover.argmax(axis=0)
+        most = cover.max(axis=0)
+        uncovered = cell_us - cover.sum(axis=0)
+        return [CATEGORIES[b] if m > 0 and m >= u else None for b, m, u in zip(best.tolist(), most.tolist(),
+                                                                                 uncovered.tolist())]
 
 
 @dataclass(frozen=True)
@@ -99,21 +141,3 @@ def profiled_steps(block: Any) -> list[ProfiledStep]:
         return []
     entries = block.get("steps") if isinstance(block.get("steps"), list) else [block]
     return sorted((s for s in map(_step, entries) if s is not None), key=lambda s: s.step)
-
-
-def majority(segments: Sequence[tuple[float, float, str]], starts: Sequence[float],
-             t0: float, t1: float) -> str | None:
-    """The category covering most of [t0, t1) (of two covering as much: the earlier);
-    None where more of it is uncovered than any category covers."""
-    cover: dict[str, float] = {}
-    i = max(0, bisect_right(starts, t0) - 1)
-    while i < len(segments) and segments[i][0] < t1:
-        s, e, c = segments[i]
-        d = min(e, t1) - max(s, t0)
-        if d > 0:
-            cover[c] = cover.get(c, 0.0) + d
-        i += 1
-    if not cover:
-        return None
-    best = max(cover, key=lambda c: cover[c])
-    return best if cover[best] >= (t1 - t0) - sum(cover.values()) else None

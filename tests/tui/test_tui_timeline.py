@@ -73,8 +73,8 @@ def lane_cells(lanes: StepLanes, rank: int) -> list[tuple[str, Style | None]]:
 
 
 def covering(segments: list[list[Any]], t0: float, t1: float) -> str | None:
-    """The category covering most of [t0, t1), by a plain sum over every run (the earlier
-    of a tie); none where the part no run covers is larger."""
+    """The category covering most of [t0, t1), by a plain sum over every run (of a tie,
+    the first in the legend); none where the part no run covers is larger."""
     cover: dict[str, float] = {}
     for s, e, c in segments:
         d = min(e, t1) - max(s, t0)
@@ -83,7 +83,7 @@ def covering(segments: list[list[Any]], t0: float, t1: float) -> str | None:
     if not cover:
         return None
     best = max(cover.values())
-    first = next(c for c in cover if cover[c] == best)
+    first = next(c for c in style.CATEGORY_LABELS if cover.get(c) == best)
     return first if best >= (t1 - t0) - sum(cover.values()) else None
 
 
@@ -243,3 +243,21 @@ def test_a_broken_block_gives_what_it_can(block: Any) -> None:
     steps = profiled_steps(block)
     assert all(s.collectives == () for s in steps)
     assert [(s.step, [r.segments for r in s.ranks]) for s in steps] in ([], [(8, [()])])
+
+
+@pytest.mark.parametrize(("segments", "start", "cell", "n", "want"), [
+    # 10 us of compute, 2 of idle, 18 of exposed communication: 10 us cells
+    ([(0, 10, "compute"), (10, 12, "idle"), (12, 30, "comm_exposed")], 0.0, 10.0, 4,
+     ["compute", "comm_exposed", "comm_exposed", None]),
+    ([(0, 5, "idle"), (5, 10, "compute")], 0.0, 10.0, 1, ["compute"]),  # a tie: the legend's first
+    ([(0, 4, "compute")], 0.0, 10.0, 1, [None]),  # 6 us of the cell uncovered
+    ([(0, 5, "compute")], 0.0, 10.0, 1, ["compute"]),  # half: it counts
+    ([(100, 101, "memcpy"), (101, 103, "dataloader")], 100.5, 0.5, 6,  # half-µs cells
+     ["memcpy", "dataloader", "dataloader", "dataloader", "dataloader", None]),
+    ([], 0.0, 1.0, 2, [None, None]),
+])
+def test_cells_by_hand(segments: list[tuple[float, float, str]], start: float, cell: float, n: int,
+                       want: list[str | None]) -> None:
+    from pardiag.tui.step_events import RankEvents
+
+    assert RankEvents(0, tuple(segments)).cells(start, cell, n) == want

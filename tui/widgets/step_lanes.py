@@ -17,7 +17,7 @@ from textual.strip import Strip
 from pardiag import style
 from pardiag.tui import format as fmt
 from pardiag.tui.messages import CollectiveChosen, TableViewChanged
-from pardiag.tui.step_events import ProfiledStep, RankEvents, StepCollective, majority
+from pardiag.tui.step_events import ProfiledStep, RankEvents, StepCollective
 from pardiag.tui.widgets.lanes import nice_step
 
 LABEL = 10
@@ -192,8 +192,7 @@ class StepLanes(ScrollView, can_focus=True):
         return self.offset_us + x * cell, self.offset_us + (x + 1) * cell
 
     def categories(self, lane: RankEvents) -> list[str | None]:
-        starts = [s[0] for s in lane.segments]
-        return [majority(lane.segments, starts, *self.cell_time(x)) for x in range(self.body_width())]
+        return lane.cells(self.offset_us, self.visible_us() / self.body_width(), self.body_width())
 
     def marks(self, rank: int) -> list[str | None]:
         """Per column: "wait" or "transfer" where the chosen collective is on ``rank``."""
