@@ -242,7 +242,8 @@ def step_view(traces: Mapping[int, RankTrace], hosts: Mapping[int, str | None] |
     host as its trace names it), the earliest rank's start of the step at 0. None
     without a step recorded by every rank. The Analysis' ``step_timeline`` block.
 
-    ``steps`` holds every such step (at most ``STEP_VIEW_STEPS``, around the middle one)
+    ``steps`` holds every such step (at most ``STEP_VIEW_STEPS`` and ``STEP_VIEW_SEGMENTS``
+    runs in all, the nearest to the middle one first)
     the same way, each on its own zero, with the step's matched collectives, for the
     TUI's timeline; ``step`` and ``ranks`` stay the middle one."""
     timed = {r: t for r, t in sorted(traces.items()) if t.steps and t.segments_per_step_us}
@@ -258,7 +259,8 @@ def step_view(traces: Mapping[int, RankTrace], hosts: Mapping[int, str | None] |
                                  known if known and all(known.values()) else None)
     shown = sorted(list(dict.fromkeys([r for r in first if r in timed] + list(timed)))[:STEP_VIEW_RANKS])
     matched = matched_instances({r: t.collectives for r, t in timed.items()})
-    every = [_step_rows(timed, offsets, shown, s, matched) for s in _bounded(steps, step)]
+    sizes = {s: sum(len(timed[r].segments_per_step_us[s]) for r in shown) for s in steps}
+    every = [_step_rows(timed, offsets, shown, s, matched) for s in _bounded(steps, step, sizes)]
     middle = next(e for e in every if e["step"] == step)
     return {"step": step, "ranks": middle["ranks"], "ranks_total": len(timed),
             "clock_offsets_us": {str(r): offsets.get(r, 0.0) for r in shown}, "steps": every}
@@ -266,14 +268,26 @@ def step_view(traces: Mapping[int, RankTrace], hosts: Mapping[int, str | None] |
 
 STEP_VIEW_STEPS = 16
 """Profiled steps the block holds in ``steps`` at most: those around the middle one."""
+STEP_VIEW_SEGMENTS = 100_000
+"""Category runs ``steps`` holds at most, all steps and ranks together (about 4 MB of
+JSON); the middle step is always held."""
 STEP_VIEW_COLLECTIVES = 512
 """Matched collectives a step of ``steps`` holds at most (the first in time)."""
 
 
-def _bounded(steps: Sequence[int], middle: int) -> list[int]:
+def _bounded(steps: Sequence[int], middle: int, sizes: Mapping[int, int]) -> list[int]:
+    """The steps held: the middle one, then the nearest to it (the earlier of two as near)
+    while the step and run budgets allow, in step order."""
     i = steps.index(middle)
-    lo = max(0, min(i - STEP_VIEW_STEPS // 2, len(steps) - STEP_VIEW_STEPS))
-    return list(steps[lo : lo + STEP_VIEW_STEPS])
+    nearest = sorted(range(len(steps)), key=lambda j: (abs(j - i), j))
+    held: list[int] = []
+    runs = 0
+    for j in nearest:
+        if len(held) == STEP_VIEW_STEPS or (held and runs + sizes[steps[j]] > STEP_VIEW_SEGMENTS):
+            break
+        held.append(steps[j])
+        runs += sizes[steps[j]]
+    return sorted(held)
 
 
 def _step_rows(timed: Mapping[int, RankTrace], offsets: Mapping[int, float], shown: Sequence[int], step: int,

@@ -66,3 +66,16 @@ def test_every_profiled_step_with_its_collectives() -> None:
             for m in c["members"]:
                 row = next(r for r in e["ranks"] if r["rank"] == m["rank"])
                 assert row["start_us"] <= m["start_us"] < m["end_us"] <= row["end_us"] + 1.0
+
+
+@pytest.mark.parametrize(("n", "middle", "size", "want"), [
+    (3, 1, 10, [0, 1, 2]),
+    (40, 19, 10, list(range(11, 27))),  # 16 steps: the middle, then the nearest, earlier first
+    (5, 2, 40_000, [1, 2]),  # the middle and the earlier neighbour: a third step would make 120,000 runs
+    (5, 2, 200_000, [2]),  # the middle alone over the budget is held all the same
+])
+def test_steps_held_around_the_middle(n: int, middle: int, size: int, want: list[int]) -> None:
+    from pardiag.analyzers.job_timeline import _bounded
+
+    steps = list(range(n))
+    assert _bounded(steps, middle, {s: size for s in steps}) == want

@@ -57,7 +57,8 @@ def block_step(a: Analysis, step: int) -> dict[str, Any]:
 def span_of(entry: dict[str, Any]) -> float:
     """The last rank's end of the step, or a collective's end after it (step 8's all_reduce
     ends on rank 1 at 83.7 ms, 3.2 ms after rank 1's step)."""
-    return max([r["end_us"] for r in entry["ranks"]] + [m["end_us"] for c in entry["collectives"] for m in c["members"]])
+    ends = [r["end_us"] for r in entry["ranks"]]
+    return max(ends + [m["end_us"] for c in entry["collectives"] for m in c["members"]])
 
 
 def cells(strip: Strip) -> list[tuple[str, Style | None]]:
