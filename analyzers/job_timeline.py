@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from pardiag.analyzers import replay as rp
 from pardiag.analyzers.collectives import matched_instances
@@ -154,8 +154,13 @@ def job_timeline(windows: Mapping[int, RankWindow], model: rp.Model | None = Non
 def _collectives(windows: Mapping[int, RankWindow], at: Callable[[int, float], float]) -> tuple[MatchedCollective, ...]:
     """The instances ``collectives.match`` counts, on two ranks or more, with each rank's
     wait and transfer as ``match`` splits them."""
+    return tuple(_matched(matched_instances({r: w.calls for r, w in sorted(windows.items())}), at))
+
+
+def _matched(instances: Iterable[tuple[Any, Mapping[int, CollectiveCall]]],
+             at: Callable[[int, float], float]) -> list[MatchedCollective]:
     out: list[MatchedCollective] = []
-    for (pg, step, pos), by_rank in matched_instances({r: w.calls for r, w in sorted(windows.items())}):
+    for (pg, step, pos), by_rank in instances:
         if len(by_rank) < 2:
             continue
         launch = any(c.timing == "launch" for c in by_rank.values())
@@ -168,7 +173,7 @@ def _collectives(windows: Mapping[int, RankWindow], at: Callable[[int, float], f
         sizes = [c.bytes for c in by_rank.values() if c.bytes]
         out.append(MatchedCollective(len(out), first.op, pg, step, pos,
                                      round(sum(sizes) / len(sizes)) if sizes else None, members))
-    return tuple(out)
+    return out
 
 
 def _paths(model: rp.Model, zero: float) -> dict[int, tuple[int, tuple[PathMark, ...]]]:
@@ -235,7 +240,12 @@ def step_view(traces: Mapping[int, RankTrace], hosts: Mapping[int, str | None] |
     ``STEP_VIEW_RANKS``), on the export's clock: ``rank_trace.step_segments``' runs of
     the breakdown's categories, shifted by the replay's alignment (``hosts``: each rank's
     host as its trace names it), the earliest rank's start of the step at 0. None
-    without a step recorded by every rank. The Analysis' ``step_timeline`` block."""
+    without a step recorded by every rank. The Analysis' ``step_timeline`` block.
+
+    ``steps`` holds every such step (at most ``STEP_VIEW_STEPS`` and ``STEP_VIEW_SEGMENTS``
+    runs in all, the nearest to the middle one first)
+    the same way, each on its own zero, with the step's matched collectives, for the
+    TUI's timeline; ``step`` and ``ranks`` stay the middle one."""
     timed = {r: t for r, t in sorted(traces.items()) if t.steps and t.segments_per_step_us}
     if not timed:
         return None
@@ -247,13 +257,61 @@ def step_view(traces: Mapping[int, RankTrace], hosts: Mapping[int, str | None] |
     known = {r: hosts.get(r) for r in timed} if hosts else {}
     offsets = rp.clock_alignment({r: t.collectives for r, t in timed.items()},
                                  known if known and all(known.values()) else None)
-    shown = list(dict.fromkeys([r for r in first if r in timed] + list(timed)))[:STEP_VIEW_RANKS]
+    shown = sorted(list(dict.fromkeys([r for r in first if r in timed] + list(timed)))[:STEP_VIEW_RANKS])
+    matched = matched_instances({r: t.collectives for r, t in timed.items()})
+    sizes = {s: sum(len(timed[r].segments_per_step_us[s]) for r in shown) for s in steps}
+    every = [_step_rows(timed, offsets, shown, s, matched) for s in _bounded(steps, step, sizes)]
+    middle = next(e for e in every if e["step"] == step)
+    return {"step": step, "ranks": middle["ranks"], "ranks_total": len(timed),
+            "clock_offsets_us": {str(r): offsets.get(r, 0.0) for r in shown}, "steps": every}
+
+
+STEP_VIEW_STEPS = 16
+"""Profiled steps the block holds in ``steps`` at most: those around the middle one."""
+STEP_VIEW_SEGMENTS = 100_000
+"""Category runs ``steps`` holds at most, all steps and ranks together (about 4 MB of
+JSON); the middle step is always held."""
+STEP_VIEW_COLLECTIVES = 512
+"""Matched collectives a step of ``steps`` holds at most (the first in time)."""
+
+
+def _bounded(steps: Sequence[int], middle: int, sizes: Mapping[int, int]) -> list[int]:
+    """The steps held: the middle one, then the nearest to it (the earlier of two as near)
+    while the step and run budgets allow, in step order."""
+    i = steps.index(middle)
+    nearest = sorted(range(len(steps)), key=lambda j: (abs(j - i), j))
+    held: list[int] = []
+    runs = 0
+    for j in nearest:
+        if len(held) == STEP_VIEW_STEPS or (held and runs + sizes[steps[j]] > STEP_VIEW_SEGMENTS):
+            break
+        held.append(steps[j])
+        runs += sizes[steps[j]]
+    return sorted(held)
+
+
+def _step_rows(timed: Mapping[int, RankTrace], offsets: Mapping[int, float], shown: Sequence[int], step: int,
+               matched: Sequence[tuple[Any, Mapping[int, CollectiveCall]]]) -> dict[str, Any]:
+    """One step of the ranks ``shown``: their category runs and the step's matched
+    collectives (each rank's arrival, end, wait and transfer as ``collectives.match``
+    splits them), the earliest shown rank's start of the step at 0."""
     zero = min(timed[r].segments_per_step_us[step][0][0] - offsets.get(r, 0.0) for r in shown)
+
+    def at(r: int, t: float) -> float:
+        return t - offsets.get(r, 0.0) - zero
+
     rows = []
-    for r in sorted(shown):
-        off = offsets.get(r, 0.0) + zero
+    for r in shown:
         segs = timed[r].segments_per_step_us[step]
-        rows.append({"rank": r, "start_us": segs[0][0] - off, "end_us": segs[-1][1] - off,
-                     "segments": [[s - off, e - off, c] for s, e, c in segs]})
-    return {"step": step, "ranks": rows, "ranks_total": len(timed),
-            "clock_offsets_us": {str(r): offsets.get(r, 0.0) for r in sorted(shown)}}
+        rows.append({"rank": r, "start_us": at(r, segs[0][0]), "end_us": at(r, segs[-1][1]),
+                     "segments": [[at(r, s), at(r, e), c] for s, e, c in segs]})
+    colls: list[dict[str, Any]] = []
+    for c in _matched(((k, b) for k, b in matched if k[1] == step), at):
+        members = [m for m in c.members if m.rank in shown]
+        if members:
+            colls.append({"op": c.op, "process_group": c.process_group, "position": c.position, "bytes": c.bytes,
+                          "members": [{"rank": m.rank, "start_us": m.start_us, "end_us": m.end_us,
+                                       "wait_us": m.wait_us, "transfer_us": m.transfer_us, "timing": m.timing}
+                                      for m in members]})
+    colls.sort(key=lambda c: (min(m["start_us"] for m in c["members"]), c["process_group"], c["position"]))
+    return {"step": step, "ranks": rows, "collectives": colls[:STEP_VIEW_COLLECTIVES]}

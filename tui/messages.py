@@ -67,3 +67,15 @@ class TableViewChanged(Message):
     @property
     def control(self) -> Widget:
         return self.source
+
+
+@dataclass
+class CollectiveChosen(Message):
+    """The timeline's chosen collective changed; `detail` tells its wait, transfer and size."""
+
+    source: Widget
+    detail: str
+
+    @property
+    def control(self) -> Widget:
+        return self.source

@@ -39,8 +39,9 @@ SCREENS: tuple[ScreenRow, ...] = (
               "per operation and process group: transfer versus waiting, bandwidth; which rank waits "
               "in which collective (heatmap)"),
     ScreenRow("timeline", "3", "Timeline", TimelineScreen,
-              "one profiled step per rank, split in proportion to where the time went: a share of a "
-              "profiled step, not the order of events inside it"),
+              "a profiled step of every rank in time order, one lane per rank on one clock, each cell coloured "
+              "by the category covering most of it; any profiled step; a collective marked on every rank with "
+              "its wait and transfer (without a step timeline: each rank's step split in proportion)"),
     ScreenRow("nccl", "4", "Comm setup", NcclScreen,
               "NCCL per host: versions, network, transports; errors, warnings and environment problems; "
               "the diagnosis of a hang"),

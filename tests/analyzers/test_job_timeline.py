@@ -46,3 +46,36 @@ def test_the_block_survives_the_json_round_trip() -> None:
 
     a = analyze_path(SAMPLED)
     assert from_dict(json.loads(a.to_json())).step_timeline == json.loads(json.dumps(a.step_timeline))
+
+
+def test_every_profiled_step_with_its_collectives() -> None:
+    """`steps`: both profiled steps, each tiled as the middle one is, with the matched
+    collectives of that step (all_reduce of step 551: 78 MB, rank 0 waits 3357 us of
+    its 11727 us, the transfer is rank 1's 8370 us)."""
+    st = analyze_path(SAMPLED).step_timeline
+    assert st is not None and [e["step"] for e in st["steps"]] == [551, 552]
+    middle = st["steps"][0]
+    assert middle["ranks"] == st["ranks"]
+    reduce = [c for c in middle["collectives"] if c["op"] == "all_reduce"][0]
+    r0, r1 = reduce["members"]
+    assert reduce["bytes"] == 78473228 and (r0["rank"], r1["rank"]) == (0, 1)
+    assert r0["end_us"] - r0["start_us"] == pytest.approx(11727) and r0["wait_us"] == pytest.approx(3357)
+    assert r0["transfer_us"] == r1["transfer_us"] == pytest.approx(8370) and r1["wait_us"] == 0.0
+    for e in st["steps"]:
+        for c in e["collectives"]:
+            for m in c["members"]:
+                row = next(r for r in e["ranks"] if r["rank"] == m["rank"])
+                assert row["start_us"] <= m["start_us"] < m["end_us"] <= row["end_us"] + 1.0
+
+
+@pytest.mark.parametrize(("n", "middle", "size", "want"), [
+    (3, 1, 10, [0, 1, 2]),
+    (40, 19, 10, list(range(11, 27))),  # 16 steps: the middle, then the nearest, earlier first
+    (5, 2, 40_000, [1, 2]),  # the middle and the earlier neighbour: a third step would make 120,000 runs
+    (5, 2, 200_000, [2]),  # the middle alone over the budget is held all the same
+])
+def test_steps_held_around_the_middle(n: int, middle: int, size: int, want: list[int]) -> None:
+    from pardiag.analyzers.job_timeline import _bounded
+
+    steps = list(range(n))
+    assert _bounded(steps, middle, {s: size for s in steps}) == want

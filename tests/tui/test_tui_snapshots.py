@@ -1,6 +1,6 @@
 """How the TUI looks, pinned: the overview and the findings screens at 80×24 and
 160×48, on fixed analyses of real runs (a CPU run with a straggler; GPU traces with an
-NCCL log); and, on the factories' analysis with each estimate's basis and the critical
+NCCL log); the timeline at 80×24 and 120×40 (a CPU run's step, a collective chosen); and, on the factories' analysis with each estimate's basis and the critical
 path, the overview and an opened finding. Update with `pytest tests/tui/test_tui_snapshots.py --snapshot-update` after
 checking the new SVGs by eye."""
 
@@ -30,6 +30,12 @@ def test_overview(snap_compare, size: tuple[int, int]) -> None:
 @pytest.mark.parametrize("size", SIZES)
 def test_findings(snap_compare, size: tuple[int, int]) -> None:
     assert snap_compare(app("tui-gpu-nccl.analysis.json"), press=["5"], terminal_size=size)
+
+
+@pytest.mark.parametrize("size", [pytest.param((80, 24), id="80x24"), pytest.param((120, 40), id="120x40")])
+def test_timeline(snap_compare, size: tuple[int, int]) -> None:
+    """tests/data/cpu-2rank's step 8 on both ranks, its all_reduce chosen."""
+    assert snap_compare(app("tui-timeline.json"), press=["3", "tab"], terminal_size=size)
 
 
 def test_overview_with_the_critical_path(snap_compare) -> None:

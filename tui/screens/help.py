@@ -29,7 +29,11 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("overview", (("enter", "open the rank under the cursor"),)),
     ("rank", (("n / p", "next / previous rank"), ("esc", "back to the overview"))),
     ("collectives", (("tab", "move to the heatmap; arrows scroll it"),)),
-    ("timeline", (("+ / -", "zoom in / out"), ("← / →", "scroll along the step"), ("0", "fit the longest step"))),
+    ("timeline", (("+ / -", "zoom in / out, to µs"),
+                  ("← / →", "scroll a quarter of the view"), ("home / end", "start / end of the step"),
+                  ("[ / ]", "previous / next profiled step"),
+                  ("tab ⇧tab", "next / previous collective, marked on every rank"),
+                  ("0", "fit the step"))),
     ("findings", (("enter", "open the finding"), ("c", "copy its change (code, environment) to the clipboard"),
                   ("n / p", "next / previous finding (when open)"), ("esc", "back to the list"))),
 )
