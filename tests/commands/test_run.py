@@ -236,6 +236,9 @@ def test_sigint_is_forwarded_and_data_kept(tmp_path: Path) -> None:
         pardiag_cmd("run", "-q", "--out", str(out), "--profile-steps", "1,1,1", "--",
                     sys.executable, str(SCRIPTS / "tiny_ddp.py"), "--steps", "100000", "--sleep-ms", "20"),
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # a shell that started the tests in the background left SIGINT ignored, and the job
+        # would inherit that (as it would without pardiag): the test wants it as a terminal has it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     steps = out / "ranks/0/steps.jsonl"
     deadline = time.time() + 120
