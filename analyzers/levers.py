@@ -66,6 +66,8 @@ from pardiag.analysis import Finding, Lever, Severity
 from pardiag.analysis_blocks import WhatIf, WhatIfRow
 from pardiag.run_info import FrameworkInfo
 from pardiag.analyzers import host_causes
+from pardiag.analyzers.memory_rules import allocator_fragmentation as allocator_fragmentation  # rows of rules.py
+from pardiag.analyzers.memory_rules import memory_imbalance as memory_imbalance
 from pardiag.analyzers.shares import ShareBound, host_bound, window_bound
 from pardiag.analyzers.steps import median
 from pardiag.analyzers.summary import transfer_fraction

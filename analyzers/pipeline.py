@@ -531,7 +531,23 @@ def _rank_result(
         ops=dict(t.ops) if t else {},
         breakdown_per_step_us={str(k): dict(v) for k, v in t.breakdown_per_step_us.items()} if t else {},
         host_per_step_us=_host_per_step(records),
+        memory=_memory(meta, t.memory if t else None, records),
     )
+
+
+def _memory(meta: RankMeta | None, trace_mem: Mapping[str, Any] | None,
+            records: Sequence[StepRecord]) -> dict[str, Any] | None:
+    """The rank's memory by category (analyzers/memory.py); the device's samples from
+    every step that has them (how much forward leaves does not depend on its timing)."""
+    from pardiag.analyzers.memory import rank_memory
+    from pardiag.step_records import WARMUP_STEPS, counted
+
+    def series(name: str, only_counted: bool) -> list[float]:
+        return [v for r in records if r.step >= WARMUP_STEPS and (counted(r) or not only_counted)
+                and (v := r.get(name)) is not None]
+
+    return rank_memory(meta, trace_mem, series("activations", False), series("device_allocated", False),
+                       series("rss_mb", True))
 
 
 HOST_STEPS_KEPT = 512  # counted steps of steps.jsonl kept per rank for the share tests

@@ -37,6 +37,7 @@ import numpy.typing as npt
 
 from pardiag.analyzers.intervals import Intervals
 from pardiag.analyzers.kernels import KernelKind, event_kinds
+from pardiag.analyzers.memory import trace_memory
 from pardiag.analyzers.timeline import clip, coverage, coverage_cuts, forward_fill
 from pardiag.analyzers.trace import CpuOps, Trace
 
@@ -112,6 +113,9 @@ class RankTrace:
     # the window's floating-point work (analyzers/flops.py `FlopCount.to_dict`); None when
     # no operator with a FLOP rule was recorded in it
     flops: dict[str, Any] | None = None
+    # the allocator's events per profiled step (analyzers/memory.py `trace_memory`); None
+    # without them (the profiler records allocations only with profile_memory)
+    memory: dict[str, Any] | None = None
 
 
 def profiled_steps(trace: Trace) -> tuple[tuple[StepSpan, ...], int | None]:
@@ -236,6 +240,9 @@ def analyze_rank_trace(trace: Trace, drop_last_step: bool = False) -> RankTrace:
         for k, v in where.items():
             host_gaps[k] = host_gaps.get(k, 0.0) + v
     phases = {p: sum(d[p] for d in phases_per_step.values()) for p in PHASES}
+    tiles = [(sp.step, sp.start_us, spans[i + 1].start_us if i + 1 < len(spans) else sp.end_us)
+             for i, sp in enumerate(spans) if sp.step >= 0]
+    memory = trace_memory(trace.memory, tiles, np.sort(cpu.ts_us[is_bwd & on_train]))
 
     return RankTrace(
         rank=trace.rank,
@@ -254,6 +261,7 @@ def analyze_rank_trace(trace: Trace, drop_last_step: bool = False) -> RankTrace:
         world_size=trace.distributed.world_size if trace.distributed else None,
         ops=op_stats(trace, window),
         flops=_flops(trace, window, len(steps)),
+        memory=memory,
         pg_config=tuple(
             {"name": p.name, "desc": p.desc, "size": p.size, "ranks": list(p.ranks)}
             for p in (trace.distributed.pg_config if trace.distributed else ())

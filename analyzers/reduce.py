@@ -42,6 +42,8 @@ def from_body(doc: dict[str, Any]) -> tuple[RankTrace, GpuTime | None, int | Non
                                  for k, v in r["segments_per_step_us"].items()}
     if "flops" not in r:  # written before FLOPs were counted: `load` reads the trace again
         raise KeyError("flops")
+    if "memory" not in r:  # likewise before the allocator's events were read
+        raise KeyError("memory")
     r["notices"] = tuple(r.get("notices") or ())
     r["pg_config"] = tuple(r.get("pg_config") or ())
     gpu = GpuTime(**doc["gpu"]) if doc.get("gpu") else None

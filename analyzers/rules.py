@@ -178,6 +178,8 @@ RULES: tuple[Row, ...] = (
     Row("mixed_precision", "lever", "mixed_precision", levers.mixed_precision),
     Row("sharding", "lever", "sharding", levers.sharding),
     Row("batch_size", "lever", "batch_size", levers.batch_size),
+    Row("memory_imbalance", "lever", "memory_imbalance", levers.memory_imbalance),
+    Row("allocator_fragmentation", "lever", "allocator_fragmentation", levers.allocator_fragmentation),
     Row("sync_points", "lever", "sync_points", levers.sync_points),
     Row("host_overhead", "lever", "host_overhead", levers.host_overhead),
     # when: from the temporal block (after the whole-run rows, whose findings they defer to)

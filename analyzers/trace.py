@@ -35,7 +35,7 @@ import re
 import zlib
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
@@ -96,6 +96,11 @@ class _Args(msgspec.Struct, gc=False):
     input_type: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
     concrete: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Concrete Inputs")
     sequence_nr: Any = msgspec.field(default=None, name="Sequence number")
+    # `[memory]` instant events (profile_memory=True)
+    nbytes: Any = msgspec.field(default=None, name="Bytes")
+    total_allocated: Any = msgspec.field(default=None, name="Total Allocated")
+    total_reserved: Any = msgspec.field(default=None, name="Total Reserved")
+    device_type: Any = msgspec.field(default=None, name="Device Type")
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -193,6 +198,30 @@ class Launches:
 
 
 @dataclass(frozen=True)
+class MemoryEvents:
+    """The allocator's ``[memory]`` instant events (``profile_memory=True``), in file
+    order: each allocation (``nbytes`` > 0) or free (< 0) and the allocator's totals
+    after it. ``device_type``: c10's DeviceType (0 CPU, 1 CUDA). The totals count only
+    what the profiler saw: they start from 0 when it starts, and a block allocated
+    before it is never subtracted when freed, so only their differences inside a
+    profiled step mean bytes held."""
+
+    ts_us: F64
+    nbytes: I64
+    total_allocated: I64
+    total_reserved: I64
+    device_type: I64
+
+    def __len__(self) -> int:
+        return int(self.ts_us.size)
+
+
+def _no_memory_events() -> MemoryEvents:
+    e = np.empty(0, dtype=np.int64)
+    return MemoryEvents(np.empty(0, dtype=np.float64), e, e, e, e)
+
+
+@dataclass(frozen=True)
 class StepMark:
     """An event whose name contains ``ProfilerStep`` (CPU or GPU annotation)."""
 
@@ -271,6 +300,8 @@ class Trace:
     """Earliest start among events with a category and a duration (HTA's origin)."""
     flop_ops: tuple[FlopOp, ...] = ()
     """Host operators with a FLOP rule (``cpu_op``), in file order."""
+    memory: MemoryEvents = field(default_factory=_no_memory_events)
+    """``[memory]`` events; empty unless the profiler recorded allocations."""
 
     @property
     def rank(self) -> int | None:
@@ -396,6 +427,8 @@ class _Extractor:
                             ts_us=f64, dur_us=f64)
         self.launches = _Columns(name_id=ids, tid=i64, correlation=i64, ts_us=f64,
                                  dur_us=f64)
+        self.memory = _Columns(ts_us=f64, nbytes=i64, total_allocated=i64, total_reserved=i64,
+                               device_type=i64)
         self.steps: list[StepMark] = []
         self.collectives: list[CollectiveEvent] = []
         self.flop_ops: list[FlopOp] = []
@@ -442,6 +475,8 @@ class _Extractor:
         for e in events:
             dur = e.dur
             if dur is None:
+                if e.name == "[memory]" and e.args is not None and e.ts is not None:
+                    self._memory_event(e.ts, e.args)
                 continue
             cat = e.cat
             if cat is None:
@@ -504,6 +539,14 @@ class _Extractor:
         self.gpu.flush()
         self.cpu.flush()
         self.launches.flush()
+        self.memory.flush()
+
+    def _memory_event(self, ts: float, a: _Args) -> None:
+        total = _as_int(a.total_allocated)
+        if total == -1:  # not an allocator's record
+            return
+        self.memory.append(ts, _as_int(a.nbytes, 0), total, _as_int(a.total_reserved, 0),
+                           _as_int(a.device_type))
 
     def _flagged(self, e: _Event, a: _Args | None, nid: int, cat: str,
                  gpu_stream: int | None) -> None:
@@ -568,6 +611,7 @@ class _Extractor:
             ts_fractional=self.ts_fractional,
             min_ts_us=float(self.min_ts) if self.min_ts != float("inf") else 0.0,
             flop_ops=tuple(self.flop_ops),
+            memory=MemoryEvents(**self.memory.arrays()),
         )
 
 

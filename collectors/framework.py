@@ -36,6 +36,8 @@ from typing import Any, Callable
 
 import torch
 
+from pardiag.collectors.device_memory import DeviceMemoryProbe
+
 log = logging.getLogger("pardiag.collectors")
 
 # Frameworks that can drive a torch optimizer, by the module prefix of their frames.
@@ -67,7 +69,7 @@ class StepCounters:
     __slots__ = ("data_ns", "data_calls", "bwd_ns", "backwards", "fwd_ns", "forwards", "no_sync_forwards", "opt_ns",
                  "faults", "bwd_faults", "faults_seen", "in_elems",
                  "gc_ns", "gcs", "gc_seen", "cpu_ns", "cpu_seen", "pcpu_ns", "pcpu_seen", "runq_ns", "runq_seen", "nivcsw", "nivcsw_seen",
-                 "rss_mb", "rss_seen")
+                 "rss_mb", "rss_seen", "act_bytes", "act_seen", "dev_alloc_bytes", "dev_alloc_seen")
 
     def __init__(self) -> None:
         self.reset()
@@ -93,6 +95,9 @@ class StepCounters:
         self.nivcsw = self.nivcsw_seen = 0
         self.rss_mb = 0.0
         self.rss_seen = 0
+        # device memory on sampled steps (device_memory.py)
+        self.act_bytes = self.act_seen = 0
+        self.dev_alloc_bytes = self.dev_alloc_seen = 0
 
 
 def minor_faults() -> int | None:
@@ -152,6 +157,7 @@ class Framework:
     def __init__(self, on_error: Callable[[str, BaseException], None]) -> None:
         self.on_error = on_error
         self.counters = StepCounters()
+        self.device_memory = DeviceMemoryProbe(on_error)
         self.first_activity_ns: int | None = None
         self.ddp: list[weakref.ref[Any]] = []
         self.fsdp: list[dict[str, Any]] = []
@@ -313,10 +319,13 @@ class Framework:
         fw = self
         counters = self.counters
         depth = self._depth
+        memory = self.device_memory
 
         def backward(*args, **kwargs):  # type: ignore[no-untyped-def]
             if _compiling() or depth["backward"] or "backward" in fw._failed:
                 return original(*args, **kwargs)
+            if memory.armed:
+                memory.at_backward(counters)
             f0 = minor_faults()
             t0 = time.perf_counter_ns()
             depth["backward"] += 1
@@ -365,8 +374,11 @@ class Framework:
 
         counters = self.counters
         seen = self._module_ids
+        memory = self.device_memory
 
         def before(m: Any, _a: tuple, _k: dict) -> int:
+            if memory.armed:
+                memory.at_forward()
             if id(m) not in seen and len(self.ddp) < self.MAX_MODULES:
                 seen.add(id(m))
                 self.ddp.append(weakref.ref(m))
@@ -393,8 +405,11 @@ class Framework:
         if cls is None or "forward" not in cls.__dict__:
             return
         seen = self._module_ids
+        memory = self.device_memory
 
         def before(m: Any, _a: tuple, _k: dict) -> None:
+            if memory.armed:
+                memory.at_forward()
             if id(m) not in seen and len(self.fsdp) < self.MAX_MODULES:
                 seen.add(id(m))
                 self.fsdp.append(_fsdp1_settings(m))
@@ -561,7 +576,7 @@ class Framework:
 
     def _parameter_facts(self) -> dict[str, Any]:
         seen: set[int] = set()
-        count = numel = nbytes = 0
+        count = numel = nbytes = trainable = grads = 0
         dtypes: dict[str, int] = {}
         devices: set[str] = set()
         for opt in self._live_optimizers():
@@ -574,12 +589,21 @@ class Framework:
                     numel += p.numel()
                     b = _local_bytes(p)
                     nbytes += b
+                    if p.requires_grad:
+                        trainable += b
+                    if p.grad is not None:
+                        grads += _local_bytes(p.grad)
                     dtypes[str(p.dtype)] = dtypes.get(str(p.dtype), 0) + b
                     devices.add(str(p.device))
         return {
             "tensors": count,
             "numel": numel,
             "local_bytes": nbytes,
+            # parameters that train: each has a gradient of its size at the end of backward
+            "trainable_bytes": trainable,
+            # the gradients allocated when meta.json was written (a step boundary, after the
+            # optimizer step, before a zero_grad of the next step)
+            "grad_bytes": grads,
             "bytes_by_dtype": dtypes,
             "devices": sorted(devices),
         }

@@ -245,6 +245,7 @@ class Collector:
                     self._error("host", e)
                     self.host_probe.uninstall()
                     self.host_probe = None
+            fw.device_memory.end_step(c)
             begin = self.prev_end_ns if self.prev_end_ns is not None else fw.first_activity_ns
             rec: dict[str, Any] = {
                 "v": step_records.VERSION,
@@ -276,6 +277,7 @@ class Collector:
                     self._error("steps", e)
                     self.steps_out = None
             self.step += 1
+            fw.device_memory.start_step(self.step)
             if self.window is not None:
                 was_running = self.window.state == "running"
                 self.window.on_boundary(self.step)

@@ -63,6 +63,9 @@ Lever = Literal[
     "host_contention",  # its training thread waits for a CPU
     "garbage_collection",  # Python's garbage-collection pauses
     "input_imbalance",  # bigger batches than the other ranks'
+    # extensions: memory by category (analyzers/memory_rules.py)
+    "memory_imbalance",  # one rank holds far more memory than the others
+    "allocator_fragmentation",  # the CUDA allocator reserved far more than it allocated
 ]
 LEVERS: tuple[Lever, ...] = get_args(Lever)
 BREAKDOWN_KEYS = ("compute", "comm_exposed", "comm_overlapped", "memcpy", "dataloader", "idle")
@@ -120,6 +123,9 @@ class RankResult:
     # not known: no shapes, no peak, an older analysis)
     mfu: float | None = None
     hfu: float | None = None
+    # bytes by category at the peak and at the step's end, reserved, allocated, RSS
+    # (analyzers/memory.py, its MEMORY_DEFINITIONS); None when nothing is known
+    memory: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ A version-2 line::
      "cpu_us": ..., "pcpu_us": ..., "runq_us": ...,    # each where the OS offers it
      "nivcsw": 3,
      "rss_mb": 812.4,
+     "act_bytes": 2.1e9, "dev_alloc_bytes": 6.3e9,     # sampled steps, GPU only
      "profiler": "active"}                              # only inside the window
 
 A signal that was not observed in a step (no DDP forward seen) is absent from the
@@ -95,6 +96,12 @@ SIGNALS: tuple[Signal, ...] = (
            "(getrusage RUSAGE_THREAD, host_signals.py)", "count", False, observed_by="nivcsw_seen"),
     Signal("rss_mb", "rss_mb", "rss_mb", "the process's resident memory at the step's end, MiB "
            "(/proc/self/statm, host_signals.py)", "count", False, observed_by="rss_seen"),
+    Signal("activations", "act_bytes", "act_bytes", "device bytes allocated just before the step's first backward "
+           "less those at its first DDP/FSDP forward (or its start): what forward left for backward; sampled steps "
+           "on a GPU (device_memory.py)", "count", False, observed_by="act_seen"),
+    Signal("device_allocated", "dev_alloc_bytes", "dev_alloc_bytes", "device bytes allocated at the step's end "
+           "(torch.cuda.memory_allocated; sampled steps on a GPU, device_memory.py)", "count", False,
+           observed_by="dev_alloc_seen"),
 )
 
 

@@ -182,6 +182,8 @@ def _train(
     gc_every: int = 0,
     gc_heap: int = 0,
     gc_freeze: bool = False,
+    hold_rank: int = -1,
+    hold_mib: int = 0,
 ) -> int:
     """`batch=None` takes the dataset's items as whole batches; `steps` counts optimizer
     steps (of `accum` micro-batches each); optimizer "zero_adamw" shards AdamW's state
@@ -193,7 +195,8 @@ def _train(
     CPU (rank % CPUs); `burner_rank`: another process spins on that rank's CPU for the
     whole job. `gc_rank` keeps `gc_heap` long-lived objects and calls gc.collect() every
     `gc_every` steps (as a memory-minded callback would); `gc_freeze`: gc.freeze() once
-    they are built, so that collections skip them."""
+    they are built, so that collections skip them. `hold_rank` keeps `hold_mib` MiB of
+    float32 data for the whole job (an evaluation set only that rank loads)."""
     torch.manual_seed(0)
     torch.set_num_threads(1)
     if autocast == "where_fast":
@@ -209,6 +212,8 @@ def _train(
             if rank == burner_rank:
                 stack.enter_context(burner(cpu))
         heap = [{"i": i, "v": [i]} for i in range(gc_heap)] if rank == gc_rank else []
+        # kept alive by this frame until training ends; 4 bytes an element
+        held = torch.randn(hold_mib * 2**18) if rank == hold_rank and hold_mib else None  # noqa: F841
         if heap and gc_freeze:
             gc.freeze()
         return _loop(model, data, rank, distributed, steps=steps, batch=batch, autocast=autocast, workers=workers,

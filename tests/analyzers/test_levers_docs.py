@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import inspect
 import re
+from dataclasses import replace
 from typing import Any, Callable
 
 import pytest
 
 from pardiag.analysis import Analysis, Finding
-from pardiag.analyzers import levers
+from pardiag.analyzers import levers, memory_rules
 from pardiag.analyzers.rules import RULES, advise
 from factories import DDP_ONE_BUCKET, GB, analysis, rank
 
@@ -24,8 +25,10 @@ NO_NUMBERS = {"ddp_find_unused"}
 
 
 def constants(rule: str) -> dict[str, float]:
+    """The rule's thresholds: `<RULE>_...` constants of the module it is written in."""
+    row = next(r for r in RULES if r.name == rule)
     prefix = rule.upper() + "_"
-    return {k: v for k, v in vars(levers).items()
+    return {k: v for k, v in vars(inspect.getmodule(row.check)).items()
             if k.startswith(prefix) and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
@@ -116,6 +119,25 @@ def _busy(x: float) -> Analysis:
     return analysis([rank(0, compute=x)], fw)
 
 
+def _imbalance(x: float) -> Analysis:
+    """Two CPU ranks of 10 GB: rank 1's peak RSS over rank 0's 5 GB by the share x (5 GB:
+    0.2 x 5 GB is 1 GB exactly in floating point)."""
+    others = 5 * GB
+
+    def mem(peak: float) -> dict[str, Any]:
+        return {"rss_peak": peak, "capacity": 10 * GB, "peak": {}}
+
+    return analysis([replace(rank(0, device="cpu", compute=0.9), memory=mem(others)),
+                     replace(rank(1, device="cpu", compute=0.9), memory=mem(others + x * others))])
+
+
+def _fragmented(x: float) -> Analysis:
+    """A GPU of 10 GB whose allocator reserved 8 GB, a share x of it never allocated."""
+    res = 8 * GB
+    return analysis([replace(rank(0, compute=0.9), memory={"reserved": res, "allocated": res - x * res,
+                                                            "capacity": 10 * GB, "peak": {}})])
+
+
 # (rule, the Analysis at share x, threshold, a value just past it on the quiet side)
 FIRES = [
     ("dataloader", _dataloader, levers.DATALOADER_MIN, levers.DATALOADER_MIN - 1e-4),
@@ -128,6 +150,9 @@ FIRES = [
     ("sync_points", _syncs, levers.SYNC_POINTS_MIN, levers.SYNC_POINTS_MIN - 0.1),
     ("sharding", _peak, levers.SHARDING_PEAK, levers.SHARDING_PEAK - 1e-3),
     ("batch_size", _busy, levers.BATCH_SIZE_BUSY - 1e-4, levers.BATCH_SIZE_BUSY),
+    ("memory_imbalance", _imbalance, memory_rules.MEMORY_IMBALANCE_SHARE, memory_rules.MEMORY_IMBALANCE_SHARE - 1e-4),
+    ("allocator_fragmentation", _fragmented, memory_rules.ALLOCATOR_FRAGMENTATION_SHARE,
+     memory_rules.ALLOCATOR_FRAGMENTATION_SHARE - 1e-4),
 ]
 
 
