@@ -1,0 +1,53 @@
+"""Memory by category on real 2-rank jobs (gloo, CPU): every category of a job counted
+by hand (tests/scripts/memory_job.py), and the planted imbalance (examples/scenarios/
+memory_hog.py: rank 1 keeps 320 MiB) found with its size, then gone with the fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, SCRIPTS, run_pardiag, torchrun
+
+pytestmark = pytest.mark.slow
+MIB = 2**20
+
+
+def analysed(tmp_path: Path, name: str, cmd: list[str], *args: str, env: dict[str, str] | None = None) -> dict:
+    out = tmp_path / name
+    res = run_pardiag("run", "-q", "--out", str(out), *args, "--", *cmd, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return json.loads(run_pardiag("analyze", str(out), "--json").stdout)
+
+
+def test_every_category_equals_the_hand_count(tmp_path: Path) -> None:
+    doc = analysed(tmp_path, "counted", torchrun(2, SCRIPTS / "memory_job.py"), "--profile-memory")
+    for r in doc["ranks"]:
+        m = r["memory"]
+        assert m["device"] == "cpu"
+        peak = m["peak"]
+        # the script's docstring works these out
+        assert peak["parameters"] == 2_102_272
+        assert peak["gradients"] == 4_204_544  # one per parameter and DDP's bucket buffer
+        assert peak["optimizer_state"] == 4_204_560
+        # the ReLU's output (32 x 1024 x 4) and the loss with backward's seed (a few bytes)
+        assert 131_072 <= peak["activations"] <= 131_072 + 64, peak
+        assert "profiled steps" in m["sources"]["activations"]
+        assert peak["total"] is None and peak["other"] is None  # a CPU allocator keeps no count
+        assert m["rss_peak"] >= m["rss_steady"] > 0
+
+
+def test_a_rank_that_holds_320_mib_more_is_found_and_the_fix_clears_it(tmp_path: Path) -> None:
+    script = REPO / "examples" / "scenarios" / "memory_hog.py"
+    problem = analysed(tmp_path, "hog", torchrun(2, script, "--steps", "20"))
+    top = problem["findings"][0]
+    assert top["lever"] == "memory_imbalance" and top["ranks"] == [1], [(f["lever"], f["title"]) for f in problem["findings"]]
+    rss = {r["rank"]: r["memory"]["rss_peak"] for r in problem["ranks"]}
+    # 320 MiB planted; the two ranks of the fixed job differed by 19 MiB when measured, so
+    # the excess is asserted within 10% (32 MiB)
+    assert abs(rss[1] - rss[0] - 320 * MIB) <= 32 * MIB, rss
+    assert "the same on every rank" in " ".join(top["evidence"])
+    fixed = analysed(tmp_path, "fixed", torchrun(2, script, "--steps", "20", "--fix"))
+    assert not [f for f in fixed["findings"] if f["lever"] == "memory_imbalance"], fixed["findings"]
