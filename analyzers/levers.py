@@ -927,6 +927,18 @@ SHARDING_UNSHARDED = 0.25  # under FSDP: the unsharded state under this share, .
 SHARDING_EXPOSED = 0.10  # ... with exposed communication from this share of the step
 
 
+def _largest_memory(ctx: RuleContext) -> dict[str, Any]:
+    """The memory categories at the peak of the rank that holds the most model state
+    (`ranks[].memory`, analyzers/memory.py); {} when no rank has them."""
+    best: dict[str, Any] = {}
+    for r in ctx.ranks:
+        peak = (r.memory or {}).get("peak") or {}
+        if peak.get("parameters") and sum(peak.get(k) or 0 for k in ("parameters", "gradients", "optimizer_state")) \
+                > sum(best.get(k) or 0 for k in ("parameters", "gradients", "optimizer_state")):
+            best = dict(peak)
+    return best
+
+
 def sharding(ctx: RuleContext) -> list[Finding]:
     """Device memory peak >= 90% of capacity (TensorBoard plugin rule 7) or this rank's
     model state (parameters + gradients + optimizer state) >= 60% of it: the smallest ZeRO
@@ -934,21 +946,29 @@ def sharding(ctx: RuleContext) -> list[Finding]:
     runs out of memory; it decides what else can change), medium otherwise. Under FSDP, a
     whole model state under 25% of the device with exposed communication >= 10% of the
     step: DDP instead (medium). No saving is estimated: the gain is what the freed memory
-    is used for."""
+    is used for. The gradients are the measured ones where the ranks' memory by category
+    has them (DDP's bucket buffers are a second copy), else as many bytes as the
+    parameters; measured activations are named with what checkpointing would free."""
     dev = ctx.framework.device or {}
     total = dev.get("memory_budget_bytes") or dev.get("total_memory_bytes")
     params = (ctx.framework.parameters or {}).get("local_bytes") or 0
     opt = sum(o.get("state_bytes") or 0 for o in ctx.framework.optimizers or [])
     if not total or not params:
         return []
-    state = 2 * params + opt  # parameters, gradients, optimizer state (this rank's share)
+    mem = _largest_memory(ctx)
+    grads = mem.get("gradients") or params
+    state = params + grads + opt  # parameters, gradients, optimizer state (this rank's share)
     peak = ctx.framework.peak_memory_reserved_bytes_max or dev.get("max_memory_reserved_bytes") or 0
     n = max(1, int(ctx.analysis.run.world_size or 1))
     gb = 2**30
     where = ("the planned " if dev.get("memory_budget_bytes") else "") + (
         "host memory share" if dev.get("memory_is_host_share") and not dev.get("memory_budget_bytes") else "device")
-    ev = [f"model state {state / gb:.2f} GB per rank (parameters {params / gb:.2f}, gradients {params / gb:.2f}, "
-          f"optimizer {opt / gb:.2f}) on {where} of {total / gb:.1f} GB; peak {peak / gb:.2f} GB"]
+    measured = " measured, DDP's bucket copy included" if grads != params and mem.get("gradients") else ""
+    ev = [f"model state {state / gb:.2f} GB per rank (parameters {params / gb:.2f}, gradients {grads / gb:.2f}"
+          f"{measured}, optimizer {opt / gb:.2f}) on {where} of {total / gb:.1f} GB; peak {peak / gb:.2f} GB"]
+    if mem.get("activations"):
+        ev.append(f"activations {mem['activations'] / gb:.2f} GB held for backward: activation checkpointing "
+                  "frees most of them (each checkpointed block keeps its input) for one more forward in backward")
     if ctx.framework.fsdp and state * n < SHARDING_UNSHARDED * total and ctx.exposed_transfer() >= SHARDING_EXPOSED:
         return [Finding(
             lever="sharding", severity="medium",
@@ -968,12 +988,12 @@ def sharding(ctx: RuleContext) -> list[Finding]:
         )]
     if ctx.framework.fsdp or (peak < SHARDING_PEAK * total and state < SHARDING_STATE * total):
         return []
-    if opt >= params and 2 * params + opt / n < SHARDING_STATE * total:
+    if opt >= params and params + grads + opt / n < SHARDING_STATE * total:
         stage, code = "ZeRO-1 (shard the optimizer state)", "# torch: ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW)"
-        after, zero = 2 * params + opt / n, 1
-    elif params + (params + opt) / n < SHARDING_STATE * total:
+        after, zero = params + grads + opt / n, 1
+    elif params + (grads + opt) / n < SHARDING_STATE * total:
         stage, code = "ZeRO-2 (shard gradients and optimizer state)", "# DeepSpeed: zero_optimization.stage = 2"
-        after, zero = params + (params + opt) / n, 2
+        after, zero = params + (grads + opt) / n, 2
     elif state / n < SHARDING_STATE * total:
         stage, code = "FSDP / ZeRO-3 (shard parameters too)", "for block in model.blocks:\n    fully_shard(block)\nfully_shard(model)"
         after, zero = state / n, 3
@@ -1025,12 +1045,16 @@ def _sharding_forms(ctx: RuleContext, zero: int) -> dict[str, Form]:
 
 BATCH_SIZE_PEAK = 0.5  # peak memory reserved at most this share of capacity, ...
 BATCH_SIZE_BUSY = 0.5  # ... and the GPU busy under this share of the profiled time
+BATCH_SIZE_FILL = 0.9  # a larger batch must keep the peak under this share of the device
 
 
 def batch_size(ctx: RuleContext) -> list[Finding]:
     """Peak memory reserved <= 50% of the device and the GPU busy < 50% of the profiled
     time (TensorBoard plugin rule 5): a batch twice as large. Medium with no saving
-    estimated: how much throughput per sample improves depends on the model."""
+    estimated: how much throughput per sample improves depends on the model. Where the
+    ranks' activations were measured (memory by category), the batch that fits is said:
+    activations grow with the batch, the rest of the peak does not, under 90% of the
+    device; when twice the batch would not fit, no finding."""
     dev = ctx.framework.device or {}
     total = dev.get("total_memory_bytes")
     peak = ctx.framework.peak_memory_reserved_bytes_max or 0
@@ -1038,6 +1062,9 @@ def batch_size(ctx: RuleContext) -> list[Finding]:
         return []
     busy = 1 - ctx.share("idle") - ctx.share("dataloader")
     if peak > BATCH_SIZE_PEAK * total or busy >= BATCH_SIZE_BUSY:
+        return []
+    fit = _batch_fit(ctx)
+    if fit is not None and fit[0] < 2:
         return []
     loaders = ctx.framework.dataloaders or []
     bs = (loader_batch(loaders[0]) if loaders and isinstance(loaders[0], dict) else None) or "B"
@@ -1049,12 +1076,31 @@ def batch_size(ctx: RuleContext) -> list[Finding]:
     return [Finding(
         lever="batch_size", severity="medium",
         title=f"the GPU is busy {busy:.0%} of the step and uses {peak / total:.0%} of its memory: a larger batch amortises overheads",
-        evidence=[f"peak memory reserved {peak / 2**30:.1f} of {total / 2**30:.0f} GB", f"GPU busy {busy:.0%} of the profiled time"],
+        evidence=[f"peak memory reserved {peak / 2**30:.1f} of {total / 2**30:.0f} GB", f"GPU busy {busy:.0%} of the profiled time"]
+        + ([fit[1]] if fit else []),
         ranks=[r.rank for r in ctx.ranks], est_saving_pct=None,
         action=_with_batch(in_framework(ctx, {
             "code": f"DataLoader(dataset, batch_size={bs if isinstance(bs, str) else bs * 2}, ...)",
             "assumption": "throughput per sample improves"}, forms), batch_change(ctx, 2)),
     )]
+
+
+def _batch_fit(ctx: RuleContext) -> tuple[float, str] | None:
+    """How many times the batch fits on the fullest GPU rank whose activations were
+    measured: (the device's share less the peak's part that does not grow with the batch)
+    / the activations; with the words. None when not measured."""
+    best: tuple[float, str] | None = None
+    for r in ctx.ranks:
+        m = r.memory or {}
+        act, alloc, cap = (m.get("peak") or {}).get("activations"), m.get("allocated"), m.get("capacity")
+        if not (act and alloc and cap):
+            continue
+        k = (BATCH_SIZE_FILL * cap - (alloc - act)) / act
+        if best is None or k < best[0]:
+            gb = 2**30
+            best = (k, f"rank {r.rank}: activations {act / gb:.2f} GB of a {alloc / gb:.2f} GB peak: a batch up to "
+                       f"{math.floor(k * 10) / 10:g}x as large fits under {BATCH_SIZE_FILL:.0%} of its {cap / gb:.0f} GB")
+    return best
 
 
 SYNC_POINTS_MIN = 2  # host-device synchronisations per rank-step

@@ -173,3 +173,53 @@ def test_on_a_cpu_the_probe_reads_nothing() -> None:
     p.at_backward(c)
     p.end_step(c)
     assert not p.sampled and (c.act_seen, c.dev_alloc_seen) == (0, 0)
+
+
+# -- the levers that read the categories ------------------------------------------------
+
+def _levers(a: Any) -> dict[str, Any]:
+    from pardiag.analyzers.rules import advise
+
+    return {f.lever: f for f in advise(a).findings}
+
+
+def test_sharding_counts_the_measured_gradients() -> None:
+    """10 GB of parameters with Adam (20 GB of state) and a 76 GB peak on 80 GB, 8 ranks.
+    Gradients as many bytes as the parameters: ZeRO-1 leaves 10 + 10 + 20/8 = 22.5 GB. DDP's
+    bucket copy measured (20 GB of gradients): ZeRO-1 leaves 10 + 20 + 2.5 = 32.5 GB, still
+    under 60% of 80; the evidence says the gradients were measured, and the activations."""
+    from dataclasses import replace
+
+    from factories import GB, analysis, rank
+
+    fw = {"parameters": {"local_bytes": 10 * GB}, "optimizers": [{"state_bytes": 20 * GB}],
+          "device": {"total_memory_bytes": 80 * GB}, "peak_memory_reserved_bytes_max": 76 * GB}
+    plain = _levers(analysis([rank(i, compute=0.8) for i in range(8)], fw))["sharding"]
+    assert "gradients 10.00," in plain.evidence[0] and "22.50 GB" in plain.evidence[-1]
+    mem = {"peak": {"parameters": 10 * GB, "gradients": 20 * GB, "optimizer_state": 20 * GB,
+                    "activations": 30 * GB}}
+    ranks = [replace(rank(i, compute=0.8), memory=mem) for i in range(8)]
+    f = _levers(analysis(ranks, fw))["sharding"]
+    assert "ZeRO-1" in f.title and "gradients 20.00 measured" in f.evidence[0]
+    assert "model state 50.00 GB" in f.evidence[0] and "32.50 GB" in f.evidence[-1]
+    assert any("activations 30.00 GB" in e and "checkpointing" in e for e in f.evidence)
+
+
+def test_batch_size_says_how_much_larger_a_batch_fits() -> None:
+    """80 GB device, 20 GB peak reserved, GPU busy 30%. Activations 10 GB of a 20 GB peak
+    allocated: (0.9 x 80 - 10) / 10 = 6.2x fits. Activations 35 GB of a 40 GB peak:
+    (72 - 5) / 35 = 1.9x: a batch twice as large does not fit, no finding."""
+    from dataclasses import replace
+
+    from factories import GB, analysis, rank
+
+    def run(act: float, alloc: float) -> Any:
+        fw = {"device": {"total_memory_bytes": 80 * GB}, "peak_memory_reserved_bytes_max": 20 * GB}
+        mem = {"peak": {"activations": act}, "allocated": alloc, "capacity": 80 * GB}
+        return _levers(analysis([replace(rank(0, compute=0.3), memory=mem)], fw))
+
+    f = run(10 * GB, 20 * GB)["batch_size"]
+    assert any("a batch up to 6.2x as large fits under 90% of its 80 GB" in e for e in f.evidence), f.evidence
+    assert "batch_size" not in run(35 * GB, 40 * GB)
+    assert "batch_size" in _levers(analysis([rank(0, compute=0.3)], {"device": {"total_memory_bytes": 80 * GB},
+                                                                      "peak_memory_reserved_bytes_max": 20 * GB}))
