@@ -24,6 +24,9 @@ Checks (one line each; a failed one says why):
                communication; some ncclDevKernel_* kernel was seen; the Analysis has no
                "match no known kernel class" notice
   nvml         ranks/<r>/telemetry.jsonl holds NVML samples and the `telemetry` block is ok
+  memory       every GPU rank's memory by category comes from the CUDA allocator: peak
+               allocated <= reserved, activations from the sampled steps, the categories
+               within the peak, a step-end count
   gpu vs HTA   each rank's Analysis `gpu` block equals HTA's own temporal breakdown and
                comm/compute overlap of the same trace (the comparison of
                tests/analyzers/test_gpu_breakdown_hta.py), and gpu_breakdown() of the trace itself
@@ -745,6 +748,41 @@ def check_nvml(runs: list[RunResult]) -> tuple[Check, Figures]:
     return check, figures
 
 
+def memory_problems(run: str, ranks: list[dict[str, Any]]) -> list[str]:
+    """Memory by category on a GPU rank: measured from the CUDA allocator (device cuda,
+    peak allocated and reserved, activations from the sampled steps, the categories
+    summing to no more than the peak)."""
+    problems = []
+    for rk in ranks:
+        m, where = rk.get("memory") or {}, f"{run} rank {rk.get('rank')}"
+        peak = m.get("peak") or {}
+        if m.get("device") != "cuda":
+            problems.append(f"{where}: memory device {m.get('device')!r}, not cuda")
+            continue
+        alloc, res = m.get("allocated") or 0, m.get("reserved") or 0
+        if not (0 < alloc <= res):
+            problems.append(f"{where}: peak allocated {alloc} / reserved {res}")
+        if not peak.get("activations") or "sampled steps" not in (m.get("sources") or {}).get("activations", ""):
+            problems.append(f"{where}: no activations from the allocator's sampled steps")
+        known = sum(peak.get(k) or 0 for k in ("parameters", "gradients", "optimizer_state", "activations"))
+        if peak.get("other") is None or known > alloc:
+            problems.append(f"{where}: categories {known} over the peak allocated {alloc} (other {peak.get('other')})")
+        if not (m.get("steady") or {}).get("total"):
+            problems.append(f"{where}: no steady (step-end) allocated bytes")
+    return problems
+
+
+def check_memory(runs: list[RunResult]) -> tuple[Check, Figures]:
+    check, figures = Check("memory"), {}
+    for r in runs:
+        ranks = (r.analysis or {}).get("ranks") or []
+        figures[r.spec.name] = {rk.get("rank"): {k: (rk.get("memory") or {}).get(k)
+                                                 for k in ("peak", "steady", "reserved", "allocated")} for rk in ranks}
+        check.problems += memory_problems(r.spec.name, ranks)
+    check.detail = f"{sum(len(v) for v in figures.values())} GPU ranks by category"
+    return check, figures
+
+
 def check_hta(runs: list[RunResult], work: Path) -> tuple[Check, Figures]:
     check, figures = Check("gpu vs HTA"), {}
     for r in runs:
@@ -797,6 +835,7 @@ def evaluate(results: list[RunResult], expected_nccl: str | None, max_overhead: 
         ("nccl", _guarded("nccl", bool(nccl_runs), "no finished NCCL run", lambda: check_nccl(nccl_runs, expected_nccl))),
         ("", _guarded("kernels", bool(gpu_runs), no_gpu_run, lambda: check_kernels(gpu_runs))),
         ("nvml", _guarded("nvml", bool(gpu_runs), no_gpu_run, lambda: check_nvml(gpu_runs))),
+        ("memory", _guarded("memory", bool(gpu_runs), no_gpu_run, lambda: check_memory(gpu_runs))),
         ("gpu_vs_hta", _guarded("gpu vs HTA", bool(gpu_runs), no_gpu_run, lambda: check_hta(gpu_runs, work))),
         ("step_time", _guarded("overhead", "nccl" in done and "plain" in done, "needs the nccl and plain runs",
                                lambda: check_overhead(done["nccl"], done["plain"], max_overhead))),

@@ -286,6 +286,21 @@ def test_results_go_to_out_when_set(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert [c.line() for c in checks] == ["ok    nccl", "FAIL  kernels: probe rank 0: x"]
 
 
+def test_memory_check_wants_the_allocator_s_categories() -> None:
+    gb = 2**30
+    good = {"rank": 0, "memory": {"device": "cuda", "allocated": 10 * gb, "reserved": 12 * gb,
+                                  "peak": {"parameters": gb, "gradients": 2 * gb, "optimizer_state": 2 * gb,
+                                           "activations": 3 * gb, "other": 2 * gb},
+                                  "steady": {"total": 5 * gb},
+                                  "sources": {"activations": "the allocator before the first backward (7 sampled steps)"}}}
+    assert gpu_check.memory_problems("nccl", [good]) == []
+    over = {"rank": 1, "memory": dict(good["memory"], allocated=7 * gb)}  # 8 GB of categories in a 7 GB peak
+    cpu = {"rank": 2, "memory": {"device": "cpu"}}
+    assert gpu_check.memory_problems("nccl", [over, cpu]) == [
+        "nccl rank 1: categories 8589934592 over the peak allocated 7516192768 (other 2147483648)",
+        "nccl rank 2: memory device 'cpu', not cuda"]
+
+
 # --------------------------------------------------------------------------- the whole check, on a CPU
 
 
@@ -300,7 +315,8 @@ def test_cpu_dry_run_end_to_end(tmp_path: Path) -> None:
     doc = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     status = {c["name"]: c["ok"] for c in doc["checks"]}
     assert status == {"requirements": True, "run nccl": True, "run plain": True, "run gloo2": True, "run probe": True,
-                      "nccl": False, "kernels": False, "nvml": False, "gpu vs HTA": False, "overhead": status["overhead"]}
+                      "nccl": False, "kernels": False, "nvml": False, "memory": False, "gpu vs HTA": False,
+                      "overhead": status["overhead"]}
     assert doc["figures"]["step_time"]["ratio"] > 0 and doc["figures"]["step_time"]["steps"]["plain"] == 20
     assert sorted(doc["figures"]["kernels"]) == ["gloo2", "nccl", "probe"]
     assert sorted(doc["figures"]["kernels"]["gloo2"]) == ["0", "1"]
