@@ -966,6 +966,11 @@ def sharding(ctx: RuleContext) -> list[Finding]:
     measured = " measured, DDP's bucket copy included" if grads != params and mem.get("gradients") else ""
     ev = [f"model state {state / gb:.2f} GB per rank (parameters {params / gb:.2f}, gradients {grads / gb:.2f}"
           f"{measured}, optimizer {opt / gb:.2f}) on {where} of {total / gb:.1f} GB; peak {peak / gb:.2f} GB"]
+    if n > 1 and not ctx.framework.fsdp:
+        keep = 1 - 1 / n
+        ev.append(f"sharded over {n} ranks, each rank frees: ZeRO-1 {opt * keep / gb:.2f} GB (optimizer state), "
+                  f"ZeRO-2 {(grads + opt) * keep / gb:.2f} GB (and gradients), FSDP / ZeRO-3 {state * keep / gb:.2f} GB "
+                  "(and parameters)")
     if mem.get("activations"):
         ev.append(f"activations {mem['activations'] / gb:.2f} GB held for backward: activation checkpointing "
                   "frees most of them (each checkpointed block keeps its input) for one more forward in backward")

@@ -203,6 +203,8 @@ def test_sharding_counts_the_measured_gradients() -> None:
     assert "ZeRO-1" in f.title and "gradients 20.00 measured" in f.evidence[0]
     assert "model state 50.00 GB" in f.evidence[0] and "32.50 GB" in f.evidence[-1]
     assert any("activations 30.00 GB" in e and "checkpointing" in e for e in f.evidence)
+    # freed per rank over 8: 7/8 of 20 GB of state; of 40 with the gradients; of all 50
+    assert any("ZeRO-1 17.50 GB" in e and "ZeRO-2 35.00 GB" in e and "ZeRO-3 43.75 GB" in e for e in f.evidence)
 
 
 def test_batch_size_says_how_much_larger_a_batch_fits() -> None:
