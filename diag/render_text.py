@@ -12,6 +12,7 @@ from rich.text import Text
 
 from pardiag.analysis import Analysis, RankResult
 from pardiag.display_efficiency import efficiency_lines, efficiency_words
+from pardiag.display_memory import memory_lines, memory_words
 from pardiag.display import (
     critical_path_of,
     critical_path_words,
@@ -146,6 +147,16 @@ def print_headline(a: Analysis, console: Console) -> None:
             console.print(Text(f"  {line}", style="dim"))
 
 
+def print_memory(a: Analysis, console: Console) -> None:
+    """The job's memory line and one line per rank (at most MAX_RANK_LINES); nothing
+    when no rank has a memory block."""
+    if (words := memory_words(a)) is None:
+        return
+    console.print(Text.assemble(("memory: ", "bold"), words))
+    for line in memory_lines(a):
+        console.print(Text(f"  {line}", style="dim"))
+
+
 def print_summary(a: Analysis, console: Console | None = None, next_for: str | None = None) -> None:
     console = console or Console(highlight=False)
     run = a.run
@@ -157,6 +168,7 @@ def print_summary(a: Analysis, console: Console | None = None, next_for: str | N
     if a.ranks:
         print_headline(a, console)
         console.print(rank_table(a))
+        print_memory(a, console)
     if a.stragglers:
         for s in ordered_stragglers(a):
             console.print(Text.assemble(("straggler: ", "bold red"), f"rank {s.rank} works "

@@ -32,6 +32,19 @@ from pardiag.display_efficiency import (
     rank_efficiency_cells,
     ratio_text,
 )
+from pardiag.display_memory import (
+    GB,
+    MB,
+    memory_ranks,
+    memory_table,
+    memory_words,
+    NOT_APPLICABLE,
+    peak_of,
+    shown_ranks,
+    source_lines,
+    unknown_lines,
+    value,
+)
 from pardiag.display import (
     over_time_lines,
     critical_path_of,
@@ -120,13 +133,15 @@ def _round(v: float | None, digits: int = 2) -> float | None:
     return None if v is None else round(v, digits)
 
 
-def _per_rank_figure(ranks: Sequence[RankResult], series: list[Series], unit: str, stacked_title: str) -> go.Figure:
-    """Stacked horizontal bars, one per rank; past BAR_RANKS a heatmap rank x category."""
+def _per_rank_figure(ranks: Sequence[RankResult], series: list[Series], unit: str, stacked_title: str,
+                     digits: int = 2) -> go.Figure:
+    """Stacked horizontal bars, one per rank, their values to `digits` decimals; past
+    BAR_RANKS a heatmap rank x category."""
     if len(ranks) > BAR_RANKS:
         return _heatmap(ranks, series, unit)
     labels = [f"rank {r.rank}" for r in ranks]
     traces = [
-        go.Bar(name=s.label, y=labels, x=[_round(v) for v in s.values], orientation="h",
+        go.Bar(name=s.label, y=labels, x=[_round(v, digits) for v in s.values], orientation="h",
                marker={"color": s.colour, "line": {"width": 0}},
                hovertemplate="%{y}<br>" + s.label + ": %{x}" + f" {unit}<extra></extra>")
         for s in series
@@ -354,6 +369,35 @@ def step_timeline_figure(a: Analysis) -> go.Figure | None:
                                      yaxis={"autorange": "reversed", "type": "category"}))
 
 
+def memory_figure(a: Analysis) -> go.Figure | None:
+    """Per rank, its memory by category at its peak (parameters, gradients, optimizer
+    state, activations, other) stacked, and the peak they are part of (allocated on a
+    GPU, RSS elsewhere) as a mark; an unknown category draws nothing, and one unknown on
+    every rank is left out of the legend (the section's table and notes say why). In GB
+    when a figure reaches 1 GB, else MB."""
+    rows = memory_ranks(a)
+    by_rank = {r.rank: r for r in a.ranks}
+    ranks = [by_rank[rank] for rank, _ in rows]
+    cats = [[value(m, k) for _, m in rows] for k in style.MEMORY_LABELS]
+    peaks = [peak_of(m) for _, m in rows]
+    known = [v for vs in cats for v in vs if v is not None] + [v for v, _ in peaks if v is not None]
+    if not any(v is not None for vs in cats for v in vs):
+        return None
+    unit, scale = ("GB", GB) if max(known) >= GB else ("MB", MB)
+    series = [Series(label, style.MEMORY_COLOURS[k], [None if v is None else v / scale for v in vs])
+              for (k, label), vs in zip(style.MEMORY_LABELS.items(), cats) if any(v is not None for v in vs)]
+    fig = _per_rank_figure(ranks, series, unit, f"{unit} at the rank's peak", digits=3)
+    if len(ranks) <= BAR_RANKS and any(v is not None for v, _ in peaks):
+        whats = {w for v, w in peaks if v is not None}
+        name = f"peak {whats.pop()}" if len(whats) == 1 else "peak (allocated on a GPU, RSS elsewhere)"
+        fig.add_trace(go.Scatter(
+            y=[f"rank {r.rank}" for r in ranks], x=[_round(None if v is None else v / scale, 3) for v, _ in peaks],
+            mode="markers", name=name, text=[w for _, w in peaks],
+            marker={"color": style.MEMORY_PEAK_COLOUR, "symbol": "line-ns-open", "size": 16, "line": {"width": 3}},
+            hovertemplate="%{y}<br>peak %{text}: %{x}" + f" {unit}<extra></extra>"))
+    return fig
+
+
 FIGURES: tuple[tuple[str, Callable[[Analysis], go.Figure | None]], ...] = (
     ("fig-breakdown", breakdown_figure),
     ("fig-phases", phases_figure),
@@ -363,6 +407,7 @@ FIGURES: tuple[tuple[str, Callable[[Analysis], go.Figure | None]], ...] = (
     ("fig-gpu", gpu_figure),
     ("fig-collectives", collectives_figure),
     ("fig-step-timeline", step_timeline_figure),
+    ("fig-memory", memory_figure),
 )
 
 
@@ -516,6 +561,22 @@ def _efficiency_view(a: Analysis) -> dict[str, Any] | None:
             "rows": [rank_efficiency_cells(x) for x in sorted(rows, key=lambda x: x.rank)]}
 
 
+def _memory_view(a: Analysis) -> dict[str, Any] | None:
+    """The memory section: the job's line, per rank its categories and totals (at most
+    MAX_TABLE_ROWS, the largest peaks past that), what is unknown and why, where the
+    figures come from and what each means."""
+    words = memory_words(a)
+    if words is None:
+        return None
+    from pardiag.analyzers.memory import MEMORY_DEFINITIONS  # pulls numpy in: only for a run with memory figures
+
+    shown = shown_ranks(a, MAX_TABLE_ROWS)
+    header, rows = memory_table(shown)
+    return {"words": words, "header": header, "rows": rows, "na": any(NOT_APPLICABLE in row for row in rows),
+            "more": len(memory_ranks(a)) - len(shown), "unknown": unknown_lines(a), "sources": source_lines(a),
+            "definitions": [(k.replace("_", " "), v) for k, v in MEMORY_DEFINITIONS.items()]}
+
+
 # the per-GPU figures the report's telemetry table shows (the table has room for eight)
 TELEMETRY_GPU_COLUMNS = ("host", "gpu", "ranks", "util_gpu_ratio_mean", "sm_clock_busy_mean_mhz", "temperature_max_c",
                          "slowdown_share", "throttle_share")
@@ -556,6 +617,7 @@ def _context(a: Analysis) -> dict[str, Any]:
         "critical_path": _critical_path_view(a),
         "timeline": _timeline_view(a),
         "efficiency": _efficiency_view(a),
+        "memory": _memory_view(a),
         "collectives": collectives[:MAX_TABLE_ROWS], "collectives_total": len(collectives),
         "groups": [(g, rank_ranges(g.ranks)) for g in a.process_groups[:MAX_TABLE_ROWS]],
         "notices": ordered_notices(a)[:MAX_NOTICES],

@@ -16,6 +16,7 @@ from pardiag.display_efficiency import (
     efficiency_words,
     rank_efficiency_cells,
 )
+from pardiag.display_memory import memory_lines, memory_words
 from pardiag.display import (
     over_time_lines,
     critical_path_of,
@@ -195,6 +196,15 @@ def _efficiency_lines(a: Analysis) -> list[str]:
     return out
 
 
+def _memory_lines(a: Analysis) -> list[str]:
+    """Memory by category: the job's line, then one line per rank (at most
+    MAX_RANK_LINES, the largest peaks past that); nothing without a memory block."""
+    words = memory_words(a)
+    if words is None:
+        return []
+    return ["### Memory", "", md_text(words, 400), "", *(f"- {md_text(x, 400)}" for x in memory_lines(a)), ""]
+
+
 def _collective_lines(a: Analysis) -> list[str]:
     if not a.collectives:
         return []
@@ -256,7 +266,7 @@ def render_markdown(a: Analysis, max_chars: int = MAX_CHARS) -> str:
     """The summary, guaranteed shorter than max_chars: sections that do not fit are
     left out whole, and the comment says so."""
     sections = [_headline_lines(a), _hang_lines(a), _finding_lines(a), _straggler_lines(a), _over_time_lines(a), _rank_lines(a),
-                _efficiency_lines(a), _collective_lines(a), _notice_lines(a)]
+                _efficiency_lines(a), _memory_lines(a), _collective_lines(a), _notice_lines(a)]
     footer = FOOTER + "\n"
     cut = "_Some sections did not fit in a comment; see the full report._\n"
     budget = max_chars - len(footer) - len(cut) - 1

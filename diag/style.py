@@ -1,4 +1,4 @@
-"""Colours and labels of the time categories, defined once for every renderer (HTML
+"""Colours and labels of the time and memory categories, defined once for every renderer (HTML
 report, TUI). Plain data: importing this module pulls in nothing but the table of
 per-step signals (`step_records.SIGNALS`), whose colours the host phases use."""
 
@@ -55,6 +55,24 @@ GPU_COLOURS: dict[str, str] = {
     "memory": "#8a6fc9",
     "idle": "#c3c8d0",
 }
+
+# a rank's memory by category (RankResult.memory's "peak" and "steady" keys, analyzers/memory.py),
+# in stacking order; the peak it is drawn against
+MEMORY_LABELS: dict[str, str] = {
+    "parameters": "parameters",
+    "gradients": "gradients",
+    "optimizer_state": "optimizer state",
+    "activations": "activations",
+    "other": "other",
+}
+MEMORY_COLOURS: dict[str, str] = {
+    "parameters": "#3b7dd8",
+    "gradients": "#8a6fc9",
+    "optimizer_state": "#3aa57a",
+    "activations": "#e0903a",
+    "other": "#c3c8d0",
+}
+MEMORY_PEAK_COLOUR = "#c0392b"
 
 # waiting versus moving data inside collectives
 TRANSFER_COLOUR = "#3b7dd8"

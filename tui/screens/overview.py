@@ -24,6 +24,7 @@ from pardiag.display import (
     quantile,
 )
 from pardiag.display_efficiency import efficiency_words
+from pardiag.display_memory import memory_words
 from pardiag.tui import format as fmt
 from pardiag.tui.messages import OpenRank
 from pardiag.tui.screens.base import PardiagScreen
@@ -111,6 +112,8 @@ def summary(a: Analysis) -> RenderableType:
         lines.append(Text.assemble(("critical path: ", "bold"), critical_path_words(cp)))
     if (eff := efficiency_words(a)) is not None:
         lines.append(Text.assemble(("efficiency: ", "bold"), eff))
+    if (mem := memory_words(a)) is not None:
+        lines.append(Text.assemble(("memory: ", "bold"), mem))
     return Group(*lines)
 
 

@@ -1,5 +1,6 @@
 """Rank detail (enter on a rank): step time, where the profiled time went, phases per
-step, host phases over all steps, collectives, GPU timeline, operators, telemetry."""
+step, host phases over all steps, memory by category (when the analysis has it),
+collectives, GPU timeline, operators, telemetry."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from pardiag import style
 from pardiag.analysis import Analysis, RankResult
 from pardiag.analysis_blocks import GpuTelemetry
+from pardiag.display_memory import CATEGORIES, memory_of, peak_of, peak_words, rank_memory_rows, rank_sources, value
 from pardiag.step_records import host_phases
 from pardiag.tui import format as fmt
 from pardiag.tui.screens.base import PardiagScreen
@@ -90,6 +92,24 @@ def host_phases_section(r: RankResult, width: int) -> RenderableType:
     keys = sorted(r.host_phases_us, key=lambda k: (k == "step", order.get(k, len(order)), k))
     rows = [(k, r.host_phases_us[k], colours.get(k, "#7f8c8d")) for k in keys]
     return Group(Text("ms per step, median over all steps, measured on the host", style="dim"), _bars(rows, width))
+
+
+def memory_section(r: RankResult, width: int) -> RenderableType:
+    """The rank's peak, its known categories as a bar against it, then every figure
+    (unknown ones with why) and where they come from."""
+    mem = memory_of(r)
+    if mem is None:
+        return Text("no memory figures", style="dim")
+    known = [(k, v) for k in CATEGORIES if (v := value(mem, k)) is not None and v > 0]
+    whole = max([peak_of(mem)[0] or 0.0, sum(v for _, v in known)])
+    parts: list[RenderableType] = [Text(peak_words(mem))]
+    if known and whole > 0:
+        parts.append(Text("the known categories against the peak:", style="dim"))
+        parts.append(fmt.draw(fmt.stacked((v, style.MEMORY_COLOURS[k]) for k, v in known), 0.0, whole, max(1, width)))
+        parts.append(fmt.legend(style.MEMORY_LABELS, style.MEMORY_COLOURS, [k for k, _ in known]))
+    parts.append(_grid(rank_memory_rows(mem)))
+    parts += [Text(f"{label}: {words}", style="dim") for label, words in rank_sources(mem)]
+    return Group(*parts)
 
 
 def collectives_section(a: Analysis, r: RankResult) -> RenderableType:
@@ -185,6 +205,8 @@ class RankScreen(PardiagScreen):
                     yield Section("where the profiled time went", lambda w: breakdown_section(r, w))
                     yield Section("phases per step", lambda w: phases_section(r, w))
                     yield Section("host phases (all steps)", lambda w: host_phases_section(r, w))
+                    if memory_of(r) is not None:
+                        yield Section("memory at the peak", lambda w: memory_section(r, w))
                 with Vertical(id="rank-col-b"):
                     yield Section("collectives", lambda w: collectives_section(a, r))
                     yield Section("GPU timeline", lambda w: gpu_section(r, w))
