@@ -44,6 +44,7 @@ SETTINGS: dict[str, tuple[str, ...]] = {
     "no_shapes": ("--no-shapes",),
     "active_10": ("--profile-steps", "5,2,10"),
     "warmup_1": ("--profile-steps", "5,1,3"),
+    "profile_memory": ("--profile-memory",),  # the allocations too: activations on a CPU
     "no_profile": ("--no-profile",),  # no window: the ratio is of the same steps' noise (1.0 expected)
 }
 

@@ -48,6 +48,8 @@ class ProfilerWindow:
         self.trace_path = trace_path
         self.partial_path = partial_path
         self.use_cuda = use_cuda
+        # the allocations: as asked, else on when the job runs on the CPU only (config.py)
+        self.profile_memory = cfg.profile_memory if cfg.profile_memory is not None else not use_cuda
         self.on_error = on_error
         self.state = "pending"  # pending -> running -> done | failed
         self.prof: Any = None
@@ -103,7 +105,7 @@ class ProfilerWindow:
             on_trace_ready=self._ready,
             record_shapes=self.cfg.record_shapes,
             with_stack=self.cfg.with_stack,
-            profile_memory=self.cfg.profile_memory,
+            profile_memory=self.profile_memory,
         )
         self.prof.step_num = first  # label steps with their global number
         self.prof.start()
@@ -212,7 +214,7 @@ class ProfilerWindow:
             },
             "record_shapes": self.cfg.record_shapes,
             "with_stack": self.cfg.with_stack,
-            "profile_memory": self.cfg.profile_memory,
+            "profile_memory": self.profile_memory,
             "export_s": self.export_s,
             "trace_bytes": self.trace_bytes,
             "trace": (self.trace_path.name if self.complete else self.partial_path.name)

@@ -44,7 +44,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "5 steps after the first window (on by default: all ranks record the same steps, agreed "
                         "through the job's rendezvous store, read once every 20 steps)")
     p.add_argument("--with-stack", action="store_true", help="record Python stacks (costly)")
-    p.add_argument("--profile-memory", action="store_true", help="record allocations (costly)")
+    memory = p.add_mutually_exclusive_group()
+    memory.add_argument("--profile-memory", action="store_true", default=None,
+                        help="record allocations in the profiled window on a GPU job too (on by default for a "
+                             "CPU-only job, whose activations are known only from them; a GPU job's come from "
+                             "the CUDA allocator's counts)")
+    memory.add_argument("--no-profile-memory", dest="profile_memory", action="store_false",
+                        help="do not record allocations, on a CPU job either")
     p.add_argument("--no-nccl-log", action="store_true", help="do not set NCCL_DEBUG/NCCL_DEBUG_FILE")
     p.add_argument("--memory-per-rank", metavar="SIZE",
                    help="plan for devices of this memory (e.g. 24GiB, 80GB): the sharding advice uses it "
