@@ -136,6 +136,7 @@ class RunSpec:
     script_args: tuple[str, ...]
     report: bool = False
     needs_gpu: bool = True
+    measure: bool = True  # the factors after the job (GEMM timing with CUDA events on a GPU)
 
 
 @dataclass
@@ -350,15 +351,18 @@ def nccl_probe_worker(steps: int, backend: str) -> int:
 
 
 def run_specs(steps: int, cpu: bool) -> list[RunSpec]:
-    """The jobs, most important first (a spent time budget skips the last)."""
+    """The jobs, most important first (a spent time budget skips the last). On a GPU the
+    nccl run measures the factors after the job (its GEMMs timed with CUDA events); the
+    others, and every run of a CPU dry run, skip that (10-15 s a run of no check's)."""
     one = "gloo" if cpu else "nccl"
     example = (str(EXAMPLE), *(CPU_MODEL if cpu else GPU_MODEL))
     return [
-        RunSpec("nccl", 1, one, True, (*example, "--backend", one, "--steps", str(steps)), report=True),
+        RunSpec("nccl", 1, one, True, (*example, "--backend", one, "--steps", str(steps)), report=True,
+                measure=not cpu),
         RunSpec("plain", 1, one, False, (*example, "--backend", one, "--steps", str(steps)), needs_gpu=False),
-        RunSpec("gloo2", 2, "gloo", True, (*example, "--backend", "gloo", "--steps", "30")),
+        RunSpec("gloo2", 2, "gloo", True, (*example, "--backend", "gloo", "--steps", "30"), measure=False),
         RunSpec("probe", 1, one, True, (str(Path(__file__).resolve()), "--nccl-probe-worker",
-                                        "--probe-backend", one, "--probe-steps", "15")),
+                                        "--probe-backend", one, "--probe-steps", "15"), measure=False),
     ]
 
 
@@ -371,7 +375,7 @@ def job_command(spec: RunSpec, work: Path) -> tuple[list[str], RunResult]:
     cmd = [*overhead.torchrun(), "--standalone", "--nproc-per-node", str(spec.nproc), *script]
     if spec.under_pardiag:
         cmd = [sys.executable, "-m", "pardiag", "run", "--out", str(folder),
-               *([] if spec.report else ["--no-report"]), "--", *cmd]
+               *([] if spec.report else ["--no-report"]), *([] if spec.measure else ["--no-measure"]), "--", *cmd]
     return cmd, RunResult(spec, folder, steps_log)
 
 
