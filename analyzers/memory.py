@@ -154,7 +154,10 @@ def rank_memory(meta: Any, trace_mem: Mapping[str, Any] | None,
     on_gpu = device is not None and device.type == "cuda"
     allocated = _num(device.max_memory_allocated_bytes) if on_gpu and device else None
     reserved = _num(device.max_memory_reserved_bytes) if on_gpu and device else None
-    rss_peak = _num(device.max_memory_reserved_bytes) if device is not None and not on_gpu else None
+    rss_peak = None
+    if device is not None:  # a CPU's meta.json also keeps maxrss as its "reserved"
+        rss_peak = _num(device.extra.get("host_max_rss_bytes")) or (
+            None if on_gpu else _num(device.max_memory_reserved_bytes))
     capacity = None
     if device is not None:
         capacity = _num(device.extra.get("memory_budget_bytes")) or _num(device.total_memory_bytes)

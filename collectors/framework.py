@@ -738,6 +738,12 @@ def _device_facts() -> dict[str, Any]:
         d["type"] = "cpu"
         d["name"] = platform.processor() or platform.machine()
         d.update(_cpu_facts())
+    try:  # the process's peak resident memory, on every device (a GPU job's host side too)
+        import resource
+
+        d["host_max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    except Exception:
+        pass
     budget = os.environ.get("PARDIAG_MEMORY_PER_RANK")
     if budget and budget.isdigit():
         d["memory_budget_bytes"] = int(budget)  # `pardiag run --memory-per-rank`: plan for this device size

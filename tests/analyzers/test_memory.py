@@ -85,7 +85,9 @@ def test_a_gpu_rank_by_category() -> None:
     assert m["steady"] == {"parameters": 100 * MB, "gradients": 200 * MB, "optimizer_state": 200 * MB,
                            "activations": 0.0, "other": 10 * MB, "total": 510 * MB}
     assert (m["reserved"], m["allocated"], m["capacity"]) == (1500 * MB, 1000 * MB, 80 * 1024 * MB)
-    assert m["rss_steady"] == 2000 * MB and m["rss_peak"] is None  # a GPU's meta has no host maxrss
+    assert m["rss_steady"] == 2000 * MB and m["rss_peak"] is None  # no host maxrss in this meta
+    with_rss = rank_memory(meta({**GPU, "host_max_rss_bytes": 3000 * MB}), None, acts=[], dev_alloc=[], rss_mb=[])
+    assert with_rss is not None and with_rss["rss_peak"] == 3000 * MB
     assert "3 sampled steps" in m["sources"]["activations"]
 
 
