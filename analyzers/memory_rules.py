@@ -52,14 +52,15 @@ def memory_imbalance(ctx: RuleContext) -> list[Finding]:
     rank's peak fills 50% of its memory or more, low below. The evidence says when the
     categories (parameters, gradients, optimizer state, activations) agree within 5% on
     every rank: the extra is then held outside the step's tensors."""
-    peaks = {}
-    what = ""
+    peaks: dict[int, float] = {}
+    kinds: set[str] = set()
     for r in ctx.analysis.ranks:
         if r.memory:
-            v, w = _peak_of(r.memory)
+            v, what = _peak_of(r.memory)
+            kinds.add(what)
             if v is not None:
-                peaks[r.rank], what = v, w
-    if len(peaks) < 2 or len({_peak_of(r.memory)[1] for r in ctx.analysis.ranks if r.memory}) > 1:
+                peaks[r.rank] = v
+    if len(peaks) < 2 or len(kinds) > 1:
         # fewer than two ranks to compare, or ranks measured differently (a GPU and a CPU rank)
         return []
     top = max(peaks, key=lambda k: peaks[k])

@@ -230,9 +230,12 @@ def analyze_rank_trace(trace: Trace, drop_last_step: bool = False) -> RankTrace:
                np.concatenate([comm_host[1], L.ts_us[on_train_l] + L.dur_us[on_train_l]]))
     spans = steps or (StepSpan(-1, *window),)
     host_gaps: dict[str, float] = {}
+    tiles: list[tuple[int, float, float]] = []  # (step, start, end) of the recorded steps
     for i, sp in enumerate(spans):
         # steps tile the window: a step lasts until the next one starts
         end = spans[i + 1].start_us if i + 1 < len(spans) else sp.end_us
+        if sp.step >= 0:
+            tiles.append((sp.step, sp.start_us, end))
         phases_per_step[sp.step], where = _phases((sp.start_us, end), layers_base, trace, op_mask, is_bwd, blocked)
         if sp.step >= 0:
             breakdown_per_step[sp.step] = _breakdown((sp.start_us, end), *layers)
@@ -240,8 +243,6 @@ def analyze_rank_trace(trace: Trace, drop_last_step: bool = False) -> RankTrace:
         for k, v in where.items():
             host_gaps[k] = host_gaps.get(k, 0.0) + v
     phases = {p: sum(d[p] for d in phases_per_step.values()) for p in PHASES}
-    tiles = [(sp.step, sp.start_us, spans[i + 1].start_us if i + 1 < len(spans) else sp.end_us)
-             for i, sp in enumerate(spans) if sp.step >= 0]
     memory = trace_memory(trace.memory, tiles, np.sort(cpu.ts_us[is_bwd & on_train]))
 
     return RankTrace(
