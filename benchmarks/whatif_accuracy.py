@@ -68,21 +68,17 @@ CONTENDED = 0.25  # cores used by other processes during a job above which it is
 TARGET_PP = 5.0  # |estimated - measured| targeted, per scenario
 
 # scenario -> (the lever its finding must carry, extra `pardiag run` arguments)
-# --no-measure: the lever's estimate reads no factor measured after the job (only the
-# GEMM speed-up and the all-reduce curve are: mixed precision, buckets, accumulation), and
-# the measurement (10-15 s a run) happens after the job, outside its step times
-NO_FACTORS = ("--no-measure",)
 SCENARIOS: dict[str, tuple[str | None, tuple[str, ...]]] = {
-    "slow_rank": ("straggler", NO_FACTORS),
-    "slow_input": ("dataloader", NO_FACTORS),
+    "slow_rank": ("straggler", ()),
+    "slow_input": ("dataloader", ()),
     "tiny_buckets": ("ddp_bucket_size", ()),
     "fp32_matmul": ("mixed_precision", ()),
     "comm_bound": ("gradient_accumulation", ()),
-    "too_large": ("sharding", ("--memory-per-rank", "400MiB", *NO_FACTORS)),
-    "cpu_contention": ("host_contention", NO_FACTORS),
-    "gc_pauses": ("garbage_collection", NO_FACTORS),
-    "long_inputs": ("input_imbalance", NO_FACTORS),
-    "healthy": (None, NO_FACTORS),
+    "too_large": ("sharding", ("--memory-per-rank", "400MiB")),
+    "cpu_contention": ("host_contention", ()),
+    "gc_pauses": ("garbage_collection", ()),
+    "long_inputs": ("input_imbalance", ()),
+    "healthy": (None, ()),
 }
 
 
