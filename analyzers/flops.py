@@ -16,9 +16,12 @@ What each call is (`FlopCount`):
   saves the last tensor it needs, before that operator computes. On a GPU trace such a
   call launched no kernel; on a CPU trace it is the last call of a recomputation (the
   next FLOP call on its thread is a gradient's), outside reentrant checkpointing's
-  ``CheckpointFunctionBackward``, and lasted under `ABORTED_SHARE` of the fastest call of
-  the same operator at the same shapes in the forward pass. A stop inside a small product
-  can take as long as the product itself and is then counted: the FLOPs it adds are small;
+  ``CheckpointFunctionBackward``, and it called nothing but the ``detach`` of the saving
+  hook where its forward twins (the same operator at the same shapes in the forward pass)
+  called the operators of their work (``aten::resolve_conj``, ``aten::copy_``,
+  ``aten::_convolution``, ...). A twin that called nothing leaves only time to go by: the
+  call is left out when it lasted under `ABORTED_SHARE` of the fastest twin, and a stop that
+  ran as long as a small product is then counted: the FLOPs it adds are small;
 - forward: the rest (the forward pass; also anything else in the step, as evaluation).
 
 Model FLOPs are forward + backward (what the model needs, whatever the implementation);
@@ -46,12 +49,14 @@ from pardiag.analyzers.trace import FlopOp, Trace
 
 BACKWARD_PREFIX = "autograd::engine::evaluate_function"
 REENTRANT = "CheckpointFunctionBackward"  # reentrant checkpointing recomputes its whole function, never stops early
-# a recomputed call where a recomputation may stop, under this share of its fastest forward
-# twin, did no work: a stop costs about 100 us of exception handling on a CPU, a real
-# 64x512x512 product 250-400 us; a busy host only lengthens the twins, so the fastest is the
-# work, and a real recomputation takes about as long. At 0.5 a stop preempted on a loaded
-# host (a full test suite on 2 cores) was once counted as work; stops measured 0.26x.
-ABORTED_SHARE = 0.7
+# A CPU trace shows a stop by what the call called: the saving hook's ``detach`` and no more.
+# Only for an operator whose forward twins call nothing is time the evidence: a recomputed
+# call where a recomputation may stop, under this share of its fastest twin, did no work. A
+# stop costs about 100 us of exception handling, a real 64x512x512 product 250-400 us; on a
+# loaded 2-core host stops measured 0.26x of the twin but were seen at 0.5x and over 0.7x,
+# which is why timing is the fallback and not the rule.
+ABORTED_SHARE = 0.5
+SAVING_HOOK = frozenset({"aten::detach", "detach", "aten::alias"})  # what checkpoint's pack hook calls
 TOP_OPS = 12  # operators kept by FLOPs (by name and shape) per rank
 DTYPES = {"float": "float32", "double": "fp64", "c10::Half": "fp16", "c10::BFloat16": "bf16",
           "c10::Float8_e4m3fn": "fp8", "c10::Float8_e5m2": "fp8", "c10::Float8_e4m3fnuz": "fp8",
@@ -189,6 +194,34 @@ class _Kernels:
         return int(count[b] - count[a]), int(tf32[b] - tf32[a]), int(fp32[b] - fp32[a])
 
 
+class _Callees:
+    """Whether a host operator called anything that is not a saving hook's ``detach``: the
+    other host operators that lie inside it on its thread."""
+
+    def __init__(self, trace: Trace) -> None:
+        cpu = trace.cpu
+        hook_ids = [i for i, n in enumerate(trace.names) if n in SAVING_HOOK]
+        sel = np.flatnonzero(~np.isin(cpu.name_id, hook_ids)) if hook_ids else np.arange(len(cpu))
+        self.by_tid: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for t in np.unique(cpu.tid[sel]):
+            mine = sel[cpu.tid[sel] == t]
+            mine = mine[np.argsort(cpu.ts_us[mine], kind="stable")]
+            self.by_tid[int(t)] = (cpu.ts_us[mine], cpu.ts_us[mine] + cpu.dur_us[mine])
+
+    def any_work(self, o: FlopOp) -> bool:
+        """`o` called some operator other than ``detach``: one that starts and ends inside
+        it, other than `o` itself."""
+        got = self.by_tid.get(o.tid)
+        if got is None:
+            return False
+        ts, end = got
+        hi = o.ts_us + o.dur_us
+        a = int(np.searchsorted(ts, o.ts_us, side="left"))
+        b = int(np.searchsorted(ts, hi, side="right"))
+        inner = int(np.count_nonzero(end[a:b] <= hi))
+        return inner > 1  # `o` is one of them
+
+
 def _outermost(ops: Sequence[FlopOp]) -> list[FlopOp]:
     """The calls not nested in another FLOP call on their thread."""
     by_thread: dict[tuple[int, int], list[FlopOp]] = {}
@@ -228,8 +261,9 @@ def count_flops(trace: Trace, window: tuple[float, float], steps: int) -> FlopCo
     spans = _spans(trace, BACKWARD_PREFIX)
     reentrant = _spans(trace, REENTRANT)
     kernels = _Kernels(trace)
+    callees: _Callees | None = None  # built at the first recomputed call that may have stopped
     acc = _Acc()
-    twins: dict[tuple[str, str], list[float]] = {}  # forward durations by (op, dims): the recompute's reference
+    twins: dict[tuple[str, str], list[FlopOp]] = {}  # forward calls by (op, dims): the recompute's reference
     calls: list[tuple[FlopOp, Call, OpFlops, str, str]] = []  # (call, inputs, FLOPs, phase, precision), in time order
     for o in _outermost(inside):
         call = call_of(o.input_dims, o.input_type, o.concrete)
@@ -245,13 +279,15 @@ def count_flops(trace: Trace, window: tuple[float, float], steps: int) -> FlopCo
         phase = "forward" if not in_bwd else ("recompute" if o.grad_mode else "backward")
         prec = _precision(f.dtype, f.kind, kernels.launched(o.tid, o.ts_us, o.ts_us + o.dur_us))
         if phase == "forward":
-            twins.setdefault((o.name, str(call.dims)), []).append(o.dur_us)
+            twins.setdefault((o.name, str(call.dims)), []).append(o)
         calls.append((o, call, f, phase, prec))
     for i, (o, call, f, phase, prec) in enumerate(calls):
         if phase == "recompute":
             after = next((c[3] for c in calls[i + 1:] if c[0].tid == o.tid), None)
             may_stop = after != "recompute" and not _inside(reentrant.get(o.tid), o.ts_us)
-            if _did_no_work(o, str(call.dims), twins, kernels, may_stop):
+            if may_stop and callees is None and not kernels.any_gpu:
+                callees = _Callees(trace)
+            if _did_no_work(o, str(call.dims), twins, kernels, callees, may_stop):
                 acc.aborted += 1
                 continue
         _count(acc, o, call, f.flops, f.kind, prec, phase)
@@ -264,14 +300,20 @@ def count_flops(trace: Trace, window: tuple[float, float], steps: int) -> FlopCo
                      calls_unreadable=acc.unreadable, recompute_aborted=acc.aborted)
 
 
-def _did_no_work(o: FlopOp, dims: str, twins: Mapping[tuple[str, str], list[float]], kernels: _Kernels,
-                 may_stop: bool) -> bool:
+def _did_no_work(o: FlopOp, dims: str, twins: Mapping[tuple[str, str], list[FlopOp]], kernels: _Kernels,
+                 callees: _Callees | None, may_stop: bool) -> bool:
     """A recomputed call that did no work: on a GPU it launched no kernel; on a CPU it is
-    where a recomputation may stop (`may_stop`) and far shorter than its forward twin."""
+    where a recomputation may stop (`may_stop`) and, where its forward twins called the
+    operators of their work, it called none; where they called nothing, it was far shorter
+    than the fastest of them."""
     if kernels.any_gpu:
         return kernels.launched(o.tid, o.ts_us, o.ts_us + o.dur_us)[0] == 0
     ref = twins.get((o.name, dims))
-    return may_stop and ref is not None and len(ref) > 0 and o.dur_us < ABORTED_SHARE * min(ref)
+    if not may_stop or not ref or callees is None:
+        return False
+    if all(callees.any_work(t) for t in ref):
+        return not callees.any_work(o)
+    return o.dur_us < ABORTED_SHARE * min(t.dur_us for t in ref)
 
 
 def _count(acc: _Acc, o: FlopOp, call: Any, flops: float, kind: str, prec: str, phase: str) -> None:

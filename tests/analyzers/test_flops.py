@@ -96,6 +96,56 @@ def test_checkpointing_is_counted_as_recomputation(tmp_path: Path, reentrant: bo
     assert c.recompute_aborted == (0 if reentrant else ACTIVE)
 
 
+def test_a_stopped_recomputation_is_told_by_what_it_called_not_by_its_time(tmp_path: Path) -> None:
+    """On a loaded host a stop can last as long as the product and a product can be quick.
+    The recorded checkpoint trace is rewritten so that every recomputed addmm lasts the same
+    as its fastest forward twin, children kept inside: the stopped ones (only detach inside)
+    stay left out and the computed one stays counted; shrunk to a tenth, likewise."""
+    import json
+
+    from torch.utils.checkpoint import checkpoint
+
+    model, x = linears(), torch.randn(B, D)
+
+    def step() -> None:
+        h = model[0](x)
+        h = checkpoint(lambda t: model[2](model[1](t)), h, use_reentrant=False)
+        model[3](h).sum().backward()
+
+    path = tmp_path / "checkpoint.json"
+    record(path, step)
+    doc = json.loads(path.read_text())
+    ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    bwd = [e for e in ev if e["name"].startswith("autograd::engine::evaluate_function")]
+    addmm = [e for e in ev if e["name"] == "aten::addmm" and "Sequence number" in e.get("args", {})]
+
+    def in_bwd(e: dict) -> bool:
+        return any(b["tid"] == e["tid"] and b["ts"] <= e["ts"] < b["ts"] + b["dur"] for b in bwd)
+
+    fastest = min(e["dur"] for e in addmm if not in_bwd(e))
+    recomputed = [e for e in addmm if in_bwd(e)]
+    assert len(recomputed) == 2 * ACTIVE  # layer 1 computed, layer 2 stopped, each step
+    for scale in (1.0, 0.1):
+        for e in sorted(recomputed, key=lambda e: -e["ts"]):
+            end = e["ts"] + e["dur"]
+            kids = [k for k in ev if k is not e and k["tid"] == e["tid"] and e["ts"] <= k["ts"] and k["ts"] + k["dur"] <= end]
+            delta = scale * fastest - e["dur"]
+            for k in ev:  # the thread's later events move by the change; the calls around it stretch
+                if k["tid"] != e["tid"] or k is e or k in kids:
+                    continue
+                if k["ts"] >= end:
+                    k["ts"] += delta
+                elif k["ts"] <= e["ts"] and k["ts"] + k["dur"] >= end:
+                    k["dur"] += delta
+            e["dur"] += delta
+            for i, k in enumerate(sorted(kids, key=lambda k: k["ts"])):  # the callees stay inside, in order
+                k["dur"] = min(k["dur"], e["dur"] / (2 * len(kids)))
+                k["ts"] = e["ts"] + e["dur"] * (i + 0.5) / (len(kids) + 1)
+        path.write_text(json.dumps(doc))
+        c = counted(path)
+        assert c.recompute / c.steps == LINEAR and c.recompute_aborted == ACTIVE, scale
+
+
 def test_a_convolution_and_attention_by_hand(tmp_path: Path) -> None:
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(3, 8, 3, stride=2, padding=1)
