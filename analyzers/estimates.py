@@ -252,7 +252,11 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
             findings.append(f if f.est_saving_pct is None else replace(f, estimate=_share_estimate(f, None)))
             continue
         floors.clear()
-        s, e = saving(p.edits)
+        try:
+            s, e = saving(p.edits)
+        except ValueError as exc:  # this finding's edits cannot be replayed: it alone stays share-based
+            findings.append(replace(f, estimate=_share_estimate(f, f"its edits could not be replayed: {exc}")))
+            continue
         pct = round(100 * s, 1)
         fac = list(p.factors) + ([cpu.factor()] if floors and cpu is not None else [])
         est = {"method": "replay", "saving_pct": pct, "share_saving_pct": f.est_saving_pct,
@@ -267,8 +271,13 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
             rows.append(WhatIfRow(lever=f.lever, title=f.title, step_us=job_step * (1 - s), saving_pct=pct))
     findings.sort(key=rank_key)
     what = a.what_if
+    together: float | None = None
     if all_edits and job_step > 0:
-        together, _ = saving(all_edits)
+        try:
+            together, _ = saving(all_edits)
+        except ValueError:  # every edit alone replays, but not all at once: no replayed total
+            together = None
+    if together is not None:
         replayed = {x.lever for x in rows}
         share_rows = [r for r in (what.findings if what else []) if r.lever not in replayed]
         what = WhatIf(step_us=job_step, findings=rows + share_rows, all_step_us=job_step * (1 - together),

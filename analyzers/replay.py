@@ -891,8 +891,28 @@ def _regroup(model: Model, ed: RegroupBuckets, dur: list[float], delay: list[flo
     """``RegroupBuckets``: per rank and step, the all-reduces in issue order (on all of
     the rank's collective streams: gloo alternates between two worker threads) packed
     under the cap; every call but the last of a pack is gone (no time, no delay), the last
-    one lasts the pack's time, picked up after the calls' median delay."""
+    one lasts the pack's time, picked up after the calls' median delay. A pack closes
+    before a call that its rank issues after it waited for one of the pack's calls (a
+    host node that depends on it: DDP's finalize, or a gap that ended when that call
+    completed): DDP could not have put them in one bucket, and the merged call would
+    wait for itself."""
     nodes = model.nodes
+    # per node of a rank's main host stream (where DDP issues and waits), its position
+    # there; per collective, the first position that waits for it
+    host_pos: dict[int, int] = {}
+    for (r, stream), ids in model.streams.items():
+        if stream == "host":
+            for at, i in enumerate(ids):
+                host_pos[i] = at
+    first_waiter: dict[int, int] = {}
+    for i, at in host_pos.items():
+        for d in nodes[i].deps:
+            if nodes[d].kind == COLL and at < first_waiter.get(d, 1 << 62):
+                first_waiter[d] = at
+
+    def issued_at(i: int) -> int:
+        return max((host_pos[d] for d in nodes[i].deps if d in host_pos), default=-1)
+
     by_step: dict[tuple[int, int | None], list[int]] = defaultdict(list)
     for (r, stream), ids in model.streams.items():
         if stream.startswith("host"):
@@ -912,19 +932,21 @@ def _regroup(model: Model, ed: RegroupBuckets, dur: list[float], delay: list[flo
         calls.sort(key=lambda i: (nodes[i].measured_start, i))
         pack: list[int] = []
         size = 0
+        waited = 1 << 62  # the first host position that waits for a call of the pack
         for i in calls + [-1]:
             b = nodes[i].bytes or 0 if i >= 0 else 0
-            if pack and (i < 0 or size + b > ed.cap_bytes):
+            if pack and (i < 0 or size + b > ed.cap_bytes or issued_at(i) >= waited):
                 if len(pack) > 1:
                     for j in pack[:-1]:
                         dur[j] = delay[j] = 0.0
                         gone[j] = pack[-1]
                     dur[pack[-1]] = (ed.alpha_us + size * ed.beta_us_per_byte) * level
                     delay[pack[-1]] = pickup
-                pack, size = [], 0
+                pack, size, waited = [], 0, 1 << 62
             if i >= 0:
                 pack.append(i)
                 size += b
+                waited = min(waited, first_waiter.get(i, 1 << 62))
 
 
 def _fetches(nodes: list[Node], ids: list[int]) -> list[list[int]]:

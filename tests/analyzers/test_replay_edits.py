@@ -89,6 +89,37 @@ def test_buckets_regrouped_under_a_larger_cap(tmp_path: Path) -> None:
     assert replay(m, [RegroupBuckets(1500, 60.0, 0.01)]).replayed_steps[0][1] == pytest.approx(2730.0)
 
 
+def _waited_between_buckets() -> list[dict[str, Any]]:
+    """Two 1000-byte all-reduces of one step with a host wait between their issues:
+    forward 0-1000, backward 1000-1600, call 1 issued at 1600 (worker 1610-1795), the
+    thread blocked 1602-1800 (it ends 5 us after call 1: a wait for it), backward on
+    1800-2200, call 2 issued at 2200 (worker 2210-2310), the loop awake at 2330, optimizer
+    to 2430. (A real recording of tiny DDP buckets had such a gap mid-backward.)"""
+    ev = [x("aten::linear", 0.0, 1000.0),
+          x("autograd::engine::evaluate_function: AddmmBackward0", 1000.0, 600.0),
+          x("c10d::allreduce_", 1600.0, 2.0, **{"External id": 1}),
+          x("autograd::engine::evaluate_function: AddmmBackward0", 1800.0, 400.0),
+          x("c10d::allreduce_", 2200.0, 2.0, **{"External id": 2}),
+          x("Optimizer.step#SGD.step", 2330.0, 100.0, cat="user_annotation"), x("aten::add_", 2330.0, 100.0)]
+    for start, end in ((1610.0, 1795.0), (2210.0, 2310.0)):
+        ev.append(x("gloo:all_reduce", start, end - start, tid=9, cat="user_annotation",
+                    **{"Input Dims": [[250]], "Input type": ["float"]}))
+    return [x("ProfilerStep#1", 0.0, 2430.0, cat="user_annotation"), *ev]
+
+
+def test_calls_a_rank_waited_for_between_their_issues_stay_in_separate_buckets(tmp_path: Path) -> None:
+    # Packing both under a 4000-byte cap would issue the merged call at 2200, after the wait
+    # that now waits for it: the replay stuck on a cycle, and every estimate of that run
+    # fell back to shares. DDP could not have bucketed them together either: each stays
+    # alone and keeps its measured time, so the step replays as measured, 2430 us
+    m = _model(tmp_path, _waited_between_buckets(), _waited_between_buckets())
+    assert any(n.kind == "wait" and n.rank == 0 for n in m.nodes)
+    assert replay(m).replayed_steps[0][1] == pytest.approx(2430.0)
+    r = replay(m, [RegroupBuckets(4000, 60.0, 0.01)])
+    assert r.replayed_steps[0][1] == pytest.approx(2430.0)
+    assert r.replayed_steps[1][1] == pytest.approx(2430.0)
+
+
 def test_loader_workers_hide_a_fetch_shorter_than_the_rest_of_the_step(tmp_path: Path) -> None:
     # a 400 us fetch (then a 10 us stack) before forward: the step is 2940 us, the rest of
     # it 2540. Two workers load a batch in 200 us while the 2540 run: no wait is left
@@ -188,6 +219,38 @@ def test_bucket_plan_merges_under_a_larger_cap_only() -> None:
     assert estimates.plan(_bucket_finding(0.01), a, inputs) is None
     # without a measured curve there is nothing to time the merged calls with
     assert estimates.plan(_bucket_finding(1.0), a, estimates.Inputs(None, {})) is None
+
+
+def test_a_finding_whose_edits_cannot_be_replayed_alone_stays_share_based(tmp_path: Path, monkeypatch: Any) -> None:
+    # one finding's edits failing (a cycle) no longer sends every finding back to shares:
+    # the straggler keeps its replayed 10.0% (as above), the other its share estimate with
+    # the reason, and the replayed what-if total holds the edits that replay (the straggler's)
+    from dataclasses import replace
+
+    m = _model(tmp_path, gloo_replay_rank(0, 2210, 2710), gloo_replay_rank(300, 2510, 2710))
+    recs = {0: _records(0, [3000.0, 2900.0, 3100.0]), 1: _records(1, [3000.0, 2950.0, 3050.0])}
+    a = _straggler_analysis()
+    other = Finding(lever="ddp_bucket_size", severity="medium", title="buckets", evidence=[], ranks=[0, 1],
+                    est_saving_pct=7.0, action={})
+    a = replace(a, findings=[*a.findings, other])
+    real_plan, real_replay = estimates.plan, estimates.rp.replay
+    monkeypatch.setattr(estimates, "plan", lambda f, *args: (
+        estimates.Plan((RegroupBuckets(4000, 60.0, 0.01),), ("packed",), ()) if f.lever == "ddp_bucket_size"
+        else real_plan(f, *args)))
+
+    def stuck(model: Any, edits: Any = ()) -> Any:
+        if any(isinstance(e, RegroupBuckets) for e in edits):
+            raise ValueError("the replay is stuck: a dependency cycle in the model")
+        return real_replay(model, edits)
+
+    monkeypatch.setattr(estimates.rp, "replay", stuck)
+    out = estimates.apply(a, estimates.Inputs(m, recs))
+    by = {f.lever: f for f in out.findings}
+    assert by["straggler"].estimate["method"] == "replay" and by["straggler"].est_saving_pct == pytest.approx(10.0)
+    assert by["ddp_bucket_size"].estimate["method"] == "share" and by["ddp_bucket_size"].est_saving_pct == 7.0
+    assert "could not be replayed: the replay is stuck" in by["ddp_bucket_size"].estimate["refused"]
+    assert out.what_if is not None and out.what_if.method == "replay"
+    assert out.what_if.all_saving_pct == pytest.approx(10.0)
 
 
 def _shared(m: Any, cores: int) -> Any:
