@@ -97,6 +97,7 @@ class Inputs:
     gemm: GemmSpeedup | None = None
     comm: factors.CommCurve | None = None  # the all-reduce curve measured for the run
     why: str | None = None  # why there is no model
+    loader: factors.LoaderHandover | None = None  # a DataLoader worker's hand-over, measured for the run
 
 
 @dataclass(frozen=True)
@@ -141,8 +142,12 @@ def plan(f: Finding, a: Analysis, inputs: Inputs) -> Plan | None:
     if lever == "dataloader" and f.est_saving_pct is not None:
         w = _advised(f, "num_workers")
         if isinstance(w, int) and w > 0:
-            return Plan((rp.RemoveInputWait(workers=w),),
-                        (f"input loaded by {w} workers in parallel with the rest of the step",), ())
+            h = inputs.loader
+            fac = (Factor("batch hand-over from a worker", h.us, "us", h.source, True) if h is not None else
+                   Factor("batch hand-over from a worker", 0.0, "us", "assumed: not measured after the job", False))
+            return Plan((rp.RemoveInputWait(workers=w, handover_us=h.us if h is not None else 0.0),),
+                        (f"input loaded by {w} workers in parallel with the rest of the step"
+                         + (f", each batch handed over in {h.us / 1e3:.2f} ms" if h is not None else ""),), (fac,))
         return Plan((rp.RemoveInputWait(),), ("every input fetch as quick as the rank's quickest",), ())
     if lever == "mixed_precision":
         on_gpu = any(r.device_type == "cuda" for r in a.ranks)

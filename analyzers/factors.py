@@ -36,6 +36,8 @@ GEMM_FORMAT = "pardiag.gemm-factor"
 GEMM_VERSION = 1
 COMM_FORMAT = "pardiag.allreduce-curve"
 COMM_VERSION = 1
+LOADER_FORMAT = "pardiag.loader-handover"
+LOADER_VERSION = 1
 FIT_MIN_SPAN = 4.0  # the sizes must span at least this ratio for a fit of the run's own calls
 FIT_MIN_R2 = 0.8  # ... and the line must explain the times this well, with a bandwidth term
 
@@ -188,6 +190,40 @@ def gemm_factor(run_dir: str | Path) -> GemmFactor | None:
     """The GEMM speed-up of a lower precision measured after the job, or None
     (`read_gemm` says why)."""
     return read_gemm(run_dir).value
+
+
+# -- DataLoader hand-over -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoaderHandover:
+    """What the training loop pays per batch to take a ready batch from a DataLoader
+    worker process (loader.json, `pardiag.collectors.loader_bench`)."""
+
+    us: float
+    shape: tuple[int, ...]
+    source: str  # in words, for evidence
+
+
+def read_loader(run_dir: str | Path) -> Read[LoaderHandover]:
+    doc, why = _load(Path(run_dir) / "factors" / "loader.json", LOADER_FORMAT, LOADER_VERSION)
+    if doc is None:
+        return Read(None, why)
+    if doc.get("status") != "ok":
+        return Read(None, f"loader.json: {doc.get('reason') or 'no measurement'}")
+    us = _opt_float(doc.get("handover_us"))
+    shape = doc.get("shape")
+    if us is None or us < 0 or not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
+        return Read(None, "loader.json: unreadable (no hand-over time or shape)")
+    dims = "x".join(str(d) for d in shape)
+    return Read(LoaderHandover(us, tuple(shape), f"measured: a {dims} {doc.get('dtype') or ''} batch handed over by "
+                                                 f"{doc.get('workers') or 'a'} DataLoader workers on this host after "
+                                                 f"the job (median of {doc.get('samples') or '?'} batches)"))
+
+
+def loader_handover(run_dir: str | Path) -> LoaderHandover | None:
+    """The DataLoader hand-over measured after the job, or None (`read_loader` says why)."""
+    return read_loader(run_dir).value
 
 
 # -- all_reduce ---------------------------------------------------------------------------------

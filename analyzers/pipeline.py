@@ -319,7 +319,7 @@ def _estimates(a: Analysis, inputs: Sequence[RankInput], step_records: Mapping[i
                run: rundir.RunDir | None, notices: list[Notice]) -> Analysis:
     """Replay-based estimates (analyzers/estimates.py); share-based ones, with a notice,
     when the window cannot be replayed."""
-    from pardiag.analyzers import estimates, replay
+    from pardiag.analyzers import estimates, factors, replay
 
     found = [(i.rank, i.trace, i.trace_complete) for i in inputs if i.trace is not None]
     size = sum(Path(p).stat().st_size for _, p, _ in found if Path(p).exists())
@@ -337,7 +337,8 @@ def _estimates(a: Analysis, inputs: Sequence[RankInput], step_records: Mapping[i
             notices.append(Notice("warning", f"{why}; estimates are share-based"))
     try:
         gemm, comm = estimates.run_factors(run) if model is not None else (None, None)
-        return estimates.apply(a, estimates.Inputs(model, step_records, gemm, comm, why))
+        loader = factors.loader_handover(run.root) if model is not None and run is not None else None
+        return estimates.apply(a, estimates.Inputs(model, step_records, gemm, comm, why, loader=loader))
     except Exception as e:
         notices.append(Notice("warning", f"replay estimates failed: {type(e).__name__}: {e}; estimates are "
                                          "share-based"))

@@ -164,11 +164,13 @@ class RemoveInputWait:
     quickest (a batch that was ready). With ``workers`` (the loader then has that many
     worker processes, prefetching): a batch that took F to load in the loop is ready after
     F / workers, in parallel with the rest of the step R, so the loop waits
-    max(0, F / workers - R) (the hand-over of a ready batch taken as free, the workers as
-    having CPUs of their own)."""
+    max(0, F / workers - R) plus ``handover_us``, what taking a ready batch from a worker
+    costs the loop (measured after the job, factors/loader.json; 0 when not measured),
+    the workers taken as having CPUs of their own."""
 
     ranks: tuple[int, ...] | None = None
     workers: int | None = None
+    handover_us: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -852,11 +854,11 @@ def _apply(model: Model, edits: Sequence[Edit], skip_sync: bool = False) -> _App
                         num = nodes[f[0]].step
                         step = steps.get(num) if num is not None else None
                         rest = max((step or total) - total, 0.0)
-                        target = max(total / ed.workers - rest, 0.0)
+                        target = max(total / ed.workers - rest, 0.0) + max(ed.handover_us, 0.0)
                     else:
                         target = fastest
                     for i in f:
-                        dur[i] = dur[i] * target / total if total > 0 else 0.0
+                        dur[i] = dur[i] * target / total if total > 0 else target / len(f)
         elif isinstance(ed, ScaleGemm):
             rs = ranks_of(ed.ranks)
             for i, n in enumerate(nodes):

@@ -9,7 +9,13 @@ once the training command has exited 0 (`--no-measure` skips it).
   sweep by `pardiag.collectors.comm_sweep` under torchrun with the job's world size and
   backend -> ``factors/allreduce.json``.
 
-Both run in processes of their own after the job: nothing of the job changes. Each is
+* DataLoader hand-over: when the lowest rank's loop waited for its input (5% or more of
+  its step, steps.jsonl) and its meta.json names the batch's first tensor, the time a
+  worker process takes to hand a ready batch of that shape to the loop, timed by
+  `pardiag.collectors.loader_bench` with the job's Python -> ``factors/loader.json``:
+  what the loop still pays per batch once its input is loaded in workers.
+
+All run in processes of their own after the job: nothing of the job changes. Each is
 bounded in time and killed past it; a failure is one line in the file and in the
 manifest (``collectors.factors``), and never changes `pardiag run`'s exit code.
 """
@@ -36,6 +42,10 @@ TOP_SHAPES = 8
 GEMM_TIMEOUT_S = 20.0  # the whole measurement, the interpreter's start and torch's import included
 GEMM_BUDGET_S = 10.0  # of it, the timing itself
 PEAK_BUDGET_S = 2.0  # of that, the square GEMM that measures this host's peak (gemm_bench.square_gemm)
+LOADER_TIMEOUT_S = 20.0  # the interpreter's start and torch's import included
+LOADER_BUDGET_S = 4.0
+LOADER_WORKERS = 2
+LOADER_MIN_SHARE = 0.05  # of the lowest rank's median step spent waiting for input
 SWEEP_TIMEOUT_S = 30.0
 SWEEP_BUDGET_S = 12.0
 SWEEP_MAX_RANKS = 8
@@ -200,6 +210,62 @@ def measure_gemm(run: rundir.RunDir, rank: int, trace: Path, meta: RankMeta | No
     return doc
 
 
+# -- DataLoader hand-over -----------------------------------------------------------------------
+
+
+def _loader_doc(status: str, reason: str | None, **kw: Any) -> dict[str, Any]:
+    return {"format": factors.LOADER_FORMAT, "format_version": factors.LOADER_VERSION, "status": status,
+            "reason": reason, **kw}
+
+
+def loader_wait_share(run: rundir.RunDir, rank: int) -> float | None:
+    """The rank's median input wait over its median step, over its counted steps; None
+    without step records that time the input."""
+    from pardiag.analyzers.steps import median
+    from pardiag.step_records import counted
+
+    try:
+        recs = [r for r in rundir.read_steps(run, rank) if counted(r)]
+    except rundir.RunDirError:
+        return None
+    data = [v for r in recs if (v := r.get("dataloader")) is not None]
+    steps = [r.dur_us for r in recs if r.dur_us]
+    m_data, m_step = median(data), median(steps)  # type: ignore[arg-type]
+    return m_data / m_step if data and m_step else None
+
+
+def measure_loader(run: rundir.RunDir, rank: int, meta: RankMeta | None, python: str,
+                   environ: Mapping[str, str]) -> dict[str, Any]:
+    """Time a worker's hand-over of a batch of the rank's input shape; writes
+    factors/loader.json and returns its document."""
+    started = time.perf_counter()
+    first = ((meta.inputs if meta else None) or {}).get("first") or {}
+    shape, dtype = first.get("shape"), first.get("dtype")
+    if not (isinstance(shape, list) and shape and all(isinstance(d, int) and d > 0 for d in shape)):
+        doc = _loader_doc("skipped", "meta.json names no input tensor shape", rank=rank)
+        _write(run.loader_factor, doc)
+        return doc
+    spec = {"shape": shape, "dtype": dtype, "workers": LOADER_WORKERS, "budget_s": LOADER_BUDGET_S}
+    with tempfile.TemporaryDirectory(prefix="pardiag-loader-") as tmp:
+        spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "out.json"
+        spec_path.write_text(json.dumps(spec))
+        argv = [python, "-S", "-c", PRELUDE + "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')",
+                str(_collector_file("loader_bench.py")), str(spec_path), str(out_path)]
+        result, code, text = _run_for_json(argv, _env(environ), LOADER_TIMEOUT_S, out_path)
+    base = {"rank": rank, "shape": shape, "dtype": dtype, "seconds": time.perf_counter() - started}
+    us = result.get("handover_us") if result else None
+    if not isinstance(us, (int, float)) or us < 0:
+        why = (f"killed after {LOADER_TIMEOUT_S:g} s" if code is None else
+               f"the measurement failed (exit {code}): {_last_line(text)}")
+        doc = _loader_doc("failed", why, **base)
+    else:
+        doc = _loader_doc("ok", None, **base, handover_us=float(us), p90_us=result.get("p90_us"),
+                          inline_us=result.get("inline_us"), samples=result.get("samples"),
+                          workers=result.get("workers"), torch=result.get("torch"))
+    _write(run.loader_factor, doc)
+    return doc
+
+
 # -- all_reduce ---------------------------------------------------------------------------------
 
 
@@ -352,6 +418,22 @@ def _measure(run: rundir.RunDir, cmd: Sequence[str], host: str, mine: Sequence[i
             else:
                 say(f"GEMM speed-up not measured: {doc.get('reason')}")
         lowest = min(metas) if metas else None
+        share = loader_wait_share(run, lowest) if lowest is not None and lowest in mine else None
+        if lowest is None or lowest not in mine:
+            out["loader"] = _status(None, "no rank of this node" if lowest is None else f"rank {lowest}'s node measures it")
+        elif share is None or share < LOADER_MIN_SHARE:
+            out["loader"] = _status(None, "the loop did not wait for its input" if share is not None
+                                    else "no step records time the input")
+        elif python is None:
+            out["loader"] = _status(None, "the job's Python could not be told")
+        else:
+            say(f"timing a DataLoader worker's hand-over of a batch (at most {LOADER_TIMEOUT_S:g} s)")
+            doc = measure_loader(run, lowest, metas.get(lowest), python, environ)
+            out["loader"] = _status(doc)
+            if doc.get("status") == "ok":
+                say(f"a worker hands over a batch of {tuple(doc['shape'])} in {doc['handover_us'] / 1e3:.2f} ms")
+            else:
+                say(f"DataLoader hand-over not measured: {doc.get('reason')}")
         if lowest is None or lowest not in mine:
             out["allreduce"] = _status(None, "no rank of this node" if lowest is None else f"rank {lowest}'s node measures it")
         else:

@@ -29,6 +29,8 @@ per-node directories from that list::
                                     the job, on its host (pardiag.analyzers.factors reads it)
       factors/allreduce.json        all_reduce time = alpha + bytes * beta: fitted to the run's
                                     calls, or a short sweep after the job
+      factors/loader.json           a DataLoader worker's hand-over of a batch of the job's
+                                    input shape, timed after the job when its loop waited for input
       analysis.json                 cached Analysis
       report.html
 
@@ -141,6 +143,10 @@ class RunDir:
     @property
     def gemm_factor(self) -> Path:
         return self.factors_dir / "gemm.json"
+
+    @property
+    def loader_factor(self) -> Path:
+        return self.factors_dir / "loader.json"
 
     @property
     def allreduce_factor(self) -> Path:

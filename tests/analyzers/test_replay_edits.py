@@ -129,6 +129,35 @@ def test_loader_workers_hide_a_fetch_shorter_than_the_rest_of_the_step(tmp_path:
     assert replay(m, [RemoveInputWait(workers=2)]).replayed_steps[0][1] == pytest.approx(2540.0)
 
 
+def test_a_batch_handed_over_by_a_worker_costs_the_loop_its_measured_hand_over(tmp_path: Path) -> None:
+    # as above, but with 2500 us of load: 2500 / 2 = 1250 of it in the workers, 2540 of the
+    # rest of the step: ready in time, and the loop pays the 300 us hand-over: 2540 + 300
+    ev = gloo_replay_rank(0, 4720, 4920, dataloader_us=(2500.0,))
+    m = _model(tmp_path, ev, gloo_replay_rank(0, 4720, 4920, dataloader_us=(2500.0,)))
+    assert replay(m).replayed_steps[0][1] == pytest.approx(5040.0)
+    assert replay(m, [RemoveInputWait(workers=2)]).replayed_steps[0][1] == pytest.approx(2540.0)
+    assert replay(m, [RemoveInputWait(workers=2, handover_us=300.0)]).replayed_steps[0][1] == pytest.approx(2840.0)
+    # one worker: 2500 of load against 2540 of the rest, ready too; 6 workers the same
+    assert replay(m, [RemoveInputWait(workers=1, handover_us=300.0)]).replayed_steps[0][1] == pytest.approx(2840.0)
+
+
+def test_the_dataloader_plan_uses_the_measured_hand_over(tmp_path: Path) -> None:
+    from pardiag.analyzers.factors import LoaderHandover
+
+    a = analysis([rank(0, device="cpu"), rank(1, device="cpu")])
+    f = Finding(lever="dataloader", severity="high", title="input", evidence=[], ranks=[0, 1], est_saving_pct=40.0,
+                action={"settings": [{"kwargs": {"num_workers": 4}}]})
+    h = LoaderHandover(2500.0, (32, 256), "measured: a 32x256 float32 batch handed over")
+    p = estimates.plan(f, a, estimates.Inputs(None, {}, loader=h))
+    assert p is not None and p.edits == (RemoveInputWait(workers=4, handover_us=2500.0),)
+    assert [(x.name, x.value, x.measured) for x in p.factors] == [("batch hand-over from a worker", 2500.0, True)]
+    assert "handed over in 2.50 ms" in p.words[0]
+    # not measured: no hand-over in the edit, and the factor says it is an assumption
+    q = estimates.plan(f, a, estimates.Inputs(None, {}))
+    assert q is not None and q.edits == (RemoveInputWait(workers=4),)
+    assert [(x.value, x.measured) for x in q.factors] == [(0.0, False)] and "assumed" in q.factors[0].source
+
+
 def _records(rank: int, steps_us: list[float]) -> list[StepRecord]:
     assert WARMUP_STEPS == 1
     # step 0 is warm-up (not counted, step_records.WARMUP_STEPS); then one record per step
