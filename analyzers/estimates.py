@@ -237,16 +237,11 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
     # against the job's own step only (not when the saving is a share of the window's)
     cpu = cpu_floor_inputs(a, inputs.step_records) if own_step else None
     floors: list[str] = []
-    noise = run_queue_noise(model, inputs.step_records) if own_step else None
-    quiet: tuple[rp.Edit, ...] = (noise,) if noise is not None else ()
-    if noise is not None:
-        basis += "; " + noise_words(noise)
-    quiet_steps = job_steps(rp.replay(model, quiet)) if quiet else base_steps
 
     def saving(edits: Sequence[rp.Edit]) -> tuple[float, float]:
         """(saving, the edited window's step: the median one less the time removed)."""
-        edited = job_steps(rp.replay(model, [*quiet, *edits]))
-        removed = statistics.median(quiet_steps[k] - edited.get(k, quiet_steps[k]) for k in quiet_steps)
+        edited = job_steps(rp.replay(model, edits))
+        removed = statistics.median(base_steps[k] - edited.get(k, base_steps[k]) for k in base_steps)
         floor = cpu.floor_us(edits) if cpu is not None else None
         if cpu is not None and floor is not None and u - removed < floor:
             floors.append(cpu.words(floor, u - removed))
@@ -299,40 +294,6 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
     elif what is not None:
         what = replace(what, method="share", replay_error_pct=err, refused=None)
     return replace(a, findings=findings, what_if=what, critical_path=crit)
-
-
-RUNQ_NOISE_MIN_US = 500.0
-"""A window step's wait for a CPU beyond the rank's usual that is left out of the replays
-compared (``rp.LeaveOutRunQueue``): at least this much. On 2 shared cores the scenarios'
-ranks waited a median of 0.0-7.3 ms per step outside the window and single window steps
-up to 4.8 ms over that (a slow_rank recording: a 5 ms gap after DDP's last bucket, hidden
-behind the straggler's wait, which the straggler's fix would have exposed)."""
-
-
-def run_queue_noise(model: rp.Model, records: Mapping[int, Sequence[StepRecord]]) -> rp.LeaveOutRunQueue | None:
-    """Per rank and window step, its training thread's wait for a CPU (steps.jsonl
-    ``runq_us``) beyond its median over the steps outside the window, where at least
-    `RUNQ_NOISE_MIN_US`; None when there is none, or no step records number the window's
-    steps as the trace does."""
-    out: list[tuple[int, int, float]] = []
-    for r, recs in records.items():
-        window = {st for st, _ in model.steps.get(r, [])}
-        usual = [v for rec in recs if counted(rec) and (v := rec.get("run_queue")) is not None]
-        active = {rec.step: rec.get("run_queue") for rec in recs if rec.profiler == "active"}
-        if not window or len(usual) < 3 or not window <= set(active):
-            continue
-        med = statistics.median(usual)
-        for st in sorted(window):
-            v = active[st]
-            if v is not None and v - med >= RUNQ_NOISE_MIN_US:
-                out.append((r, st, v - med))
-    return rp.LeaveOutRunQueue(tuple(out)) if out else None
-
-
-def noise_words(noise: rp.LeaveOutRunQueue) -> str:
-    parts = [f"rank {r}'s step {st} {us / 1e3:.1f} ms" for r, st, us in noise.excess]
-    return ("left out of both replays, the window steps' waits for a CPU beyond each rank's usual (steps.jsonl): "
-            + ", ".join(parts))
 
 
 def _refuted(a: Analysis, inputs: Inputs) -> Analysis:

@@ -221,22 +221,8 @@ class RegroupBuckets:
     beta_us_per_byte: float
 
 
-@dataclass(frozen=True)
-class LeaveOutRunQueue:
-    """The scheduler's noise of the sampled steps left out: per (rank, step, us), the time
-    the rank's training thread waited for a CPU in that window step beyond its usual
-    (steps.jsonl ``runq_us`` less its median over the steps outside the window), taken out
-    of that step's gaps and waits on the rank's host stream, longest first (a thread that
-    is runnable but not running leaves a gap, or wakes late from a wait). Applied to the
-    replay an estimate compares with as well as to the edited one: a delay of one sampled
-    step that a straggler's wait hid would show once the straggler is fixed, and the job's
-    usual step it is compared with does not have it."""
-
-    excess: tuple[tuple[int, int, float], ...]
-
-
 Edit = (Straggler | RemoveHostGaps | CollectivesAtTransfer | ScaleCompute | RemoveInputWait | ScaleGemm
-        | Accumulate | RegroupBuckets | ScalePhase | LeaveOutRunQueue)
+        | Accumulate | RegroupBuckets | ScalePhase)
 
 
 # ------------------------------------------------------------------------------ results
@@ -876,18 +862,6 @@ def _apply(model: Model, edits: Sequence[Edit], skip_sync: bool = False) -> _App
                         dropped.add(i)
         elif isinstance(ed, RegroupBuckets):
             _regroup(model, ed, dur, delay, gone)
-        elif isinstance(ed, LeaveOutRunQueue):
-            want = {(r, st): us for r, st, us in ed.excess if us > 0}
-            for r, st in want:
-                idle = sorted((i for i in model.streams.get((r, "host"), [])
-                               if nodes[i].step == st and nodes[i].kind in (GAP, WAIT)), key=lambda i: -dur[i])
-                left = want[(r, st)]
-                for i in idle:
-                    if left <= 0:
-                        break
-                    cut = min(dur[i], left)
-                    dur[i] -= cut
-                    left -= cut
         elif isinstance(ed, ScalePhase):
             rs = ranks_of(ed.ranks)
             for i, n in enumerate(nodes):
@@ -899,12 +873,10 @@ def _apply(model: Model, edits: Sequence[Edit], skip_sync: bool = False) -> _App
                 continue
             # step by step: a window-wide ratio let one odd step (the first profiled
             # one's 2x backward) set every other step's phase below its peers'
-            # from the durations as the edits before this one left them (the scheduler's
-            # noise left out of a peer is not copied onto the straggler)
-            mine = _phase_totals(model, ed.rank, dur)
-            theirs = [_phase_totals(model, p, dur) for p in peers]
-            mine_at = _phase_totals_by_step(model, ed.rank, dur)
-            theirs_at = [_phase_totals_by_step(model, p, dur) for p in peers]
+            mine = _phase_totals(model, ed.rank)
+            theirs = [_phase_totals(model, p) for p in peers]
+            mine_at = _phase_totals_by_step(model, ed.rank)
+            theirs_at = [_phase_totals_by_step(model, p) for p in peers]
             for i, n in enumerate(nodes):
                 if n.rank != ed.rank or n.kind in (COLL, WAIT):
                     continue
@@ -990,17 +962,17 @@ def _fetches(nodes: list[Node], ids: list[int]) -> list[list[int]]:
     return out
 
 
-def _phase_totals(model: Model, rank: int, dur: Sequence[float]) -> dict[tuple[str, str], float]:
+def _phase_totals(model: Model, rank: int) -> dict[tuple[str, str], float]:
     out: dict[tuple[str, str], float] = defaultdict(float)
     for (r, _s), ids in model.streams.items():
         if r == rank:
             for i in ids:
                 n = model.nodes[i]
-                out[(n.kind, n.phase)] += dur[i]
+                out[(n.kind, n.phase)] += n.dur
     return out
 
 
-def _phase_totals_by_step(model: Model, rank: int, dur: Sequence[float]) -> dict[Any, Any]:
+def _phase_totals_by_step(model: Model, rank: int) -> dict[Any, Any]:
     """Per (step, kind, phase) the rank's total; under the key None, the steps it has."""
     out: dict[Any, Any] = defaultdict(float)
     for (r, _s), ids in model.streams.items():
@@ -1008,7 +980,7 @@ def _phase_totals_by_step(model: Model, rank: int, dur: Sequence[float]) -> dict
             for i in ids:
                 n = model.nodes[i]
                 if n.step is not None:
-                    out[(n.step, n.kind, n.phase)] += dur[i]
+                    out[(n.step, n.kind, n.phase)] += n.dur
     out[None] = {st for st, _ in model.steps.get(rank, [])}
     return out
 

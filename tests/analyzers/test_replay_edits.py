@@ -15,7 +15,7 @@ import pytest
 from pardiag.analysis import Finding
 from pardiag.analyzers import estimates
 from pardiag.analyzers.replay import (
-    Accumulate, LeaveOutRunQueue, RegroupBuckets, RemoveInputWait, ScaleGemm, Straggler, build_model, replay)
+    Accumulate, RegroupBuckets, RemoveInputWait, ScaleGemm, Straggler, build_model, replay)
 from pardiag.analyzers.trace import load_trace
 from pardiag.step_records import WARMUP_STEPS, StepRecord
 from factories import analysis, rank
@@ -280,77 +280,6 @@ def test_a_finding_whose_edits_cannot_be_replayed_alone_stays_share_based(tmp_pa
     assert "could not be replayed: the replay is stuck" in by["ddp_bucket_size"].estimate["refused"]
     assert out.what_if is not None and out.what_if.method == "replay"
     assert out.what_if.all_saving_pct == pytest.approx(10.0)
-
-
-def test_a_late_wake_the_scheduler_caused_is_left_out_up_to_the_measured_wait(tmp_path: Path) -> None:
-    # rank 0's loop wakes 520 us after the all-reduce it waited for ended (2710), not 20:
-    # a wait of 520 us past the collective, its step 2710 + 520 + 100 = 3330. Its thread
-    # waited 400 us for a CPU in that step beyond its usual: the wake is cut to 120 us,
-    # the step to 2930. An excess larger than the step's gaps and waits takes out what
-    # there is: all 520 us of the wake (no gap before it), step 2810
-    m = _model(tmp_path, gloo_replay_rank(0, 2210, 2710, wake_us=3230), gloo_replay_rank(0, 2210, 2710))
-    assert replay(m).replayed_steps[0][1] == pytest.approx(3330.0)
-    assert replay(m, [LeaveOutRunQueue(((0, 1, 400.0),))]).replayed_steps[0][1] == pytest.approx(2930.0)
-    assert replay(m, [LeaveOutRunQueue(((0, 1, 5000.0),))]).replayed_steps[0][1] == pytest.approx(2810.0)
-    # another step's or another rank's excess changes nothing here
-    assert replay(m, [LeaveOutRunQueue(((0, 2, 400.0), (1, 1, 400.0)))]).replayed_steps[0][1] == pytest.approx(3330.0)
-
-
-def _runq_records(rank: int, usual_us: list[float], window: dict[int, float]) -> list[StepRecord]:
-    out = [StepRecord(step=0, t_end_ns=None, dur_us=1.0, pardiag_us=0.0)]
-    step = 1
-    for v in usual_us:
-        out.append(StepRecord(step=step, t_end_ns=None, dur_us=3000.0, pardiag_us=0.0, signals={"run_queue": v}))
-        step += 1
-    for st, v in window.items():
-        out.append(StepRecord(step=st, t_end_ns=None, dur_us=3000.0, pardiag_us=0.0, profiler="active",
-                              signals={"run_queue": v}))
-    return out
-
-
-def test_run_queue_noise_is_each_window_steps_wait_for_a_cpu_over_the_ranks_median(tmp_path: Path) -> None:
-    # the model's window is step 1 on both ranks (ProfilerStep#1). Rank 0 usually waits
-    # 100-300 us (median 200), 900 in the window step: 700 over. Rank 1: median 50, 400 in
-    # the window step: 350, under the 500 us kept
-    m = _model(tmp_path, gloo_replay_rank(0, 2210, 2710), gloo_replay_rank(0, 2210, 2710))
-    recs = {0: _runq_records(0, [100.0, 200.0, 300.0], {1: 900.0}),
-            1: _runq_records(1, [40.0, 50.0, 60.0], {1: 400.0})}
-    assert estimates.RUNQ_NOISE_MIN_US == 500.0
-    noise = estimates.run_queue_noise(m, recs)
-    assert noise == LeaveOutRunQueue(((0, 1, 700.0),))
-    assert "rank 0's step 1 0.7 ms" in estimates.noise_words(noise)
-    # records that number the window otherwise (no active step 1), or too few usual steps: none
-    assert estimates.run_queue_noise(m, {0: _runq_records(0, [100.0, 200.0, 300.0], {5: 900.0})}) is None
-    assert estimates.run_queue_noise(m, {0: _runq_records(0, [100.0, 200.0], {1: 900.0})}) is None
-
-
-def test_noise_a_stragglers_wait_hid_is_left_out_of_its_fix(tmp_path: Path) -> None:
-    # rank 1 sleeps 1000 us before forward (the straggler), rank 0 600 us, a gap its thread
-    # spent waiting for a CPU beyond its usual (700 us in the step, 100 usually). Both
-    # all-reduces end at 3410 (rank 1 arrives at 3210, 200 us of transfer), loops awake at
-    # 3430, optimizers done at 3530. As measured, the straggler's fix gives rank 1 its
-    # peer's 600 us of gap: both arrive at 2810, done 3010 + 20 + 100 = 3130, 400 us removed.
-    # With the noise left out of both replays, the window stays 3530 (rank 0's gap was
-    # hidden behind the straggler) and the fix arrives both at 2210: 2530, 1000 us removed
-    # from the job's usual 3000 us step, 33.3% (13.3% as measured)
-    m = _model(tmp_path, gloo_replay_rank(600, 2810, 3410), gloo_replay_rank(1000, 3210, 3410))
-    assert replay(m).replayed_steps[0][1] == pytest.approx(3530.0)
-    assert replay(m, [Straggler(1)]).replayed_steps[0][1] == pytest.approx(3130.0)
-    quiet = LeaveOutRunQueue(((0, 1, 600.0),))
-    assert replay(m, [quiet]).replayed_steps[0][1] == pytest.approx(3530.0)
-    assert replay(m, [quiet, Straggler(1)]).replayed_steps[0][1] == pytest.approx(2530.0)
-    recs = {r: [rec if rec.step == 0 or rec.profiler else replace(rec, dur_us=3000.0) for rec in
-                _runq_records(r, [100.0, 100.0, 100.0], {1: 700.0 if r == 0 else 100.0})] for r in (0, 1)}
-    out = estimates.apply(_straggler_analysis(), estimates.Inputs(m, recs))
-    (f,) = out.findings
-    assert f.estimate is not None and f.estimate["method"] == "replay"
-    assert f.est_saving_pct == pytest.approx(33.3)
-    assert any("rank 0's step 1 0.6 ms" in w for w in f.estimate["edits"])
-    # without the step records' run queue: the measured window's 13.3%
-    plain = {r: [StepRecord(step=rec.step, t_end_ns=None, dur_us=rec.dur_us, pardiag_us=0.0, profiler=rec.profiler)
-                 for rec in recs[r]] for r in (0, 1)}
-    (g,) = estimates.apply(_straggler_analysis(), estimates.Inputs(m, plain)).findings
-    assert g.est_saving_pct == pytest.approx(13.3)
 
 
 def _shared(m: Any, cores: int) -> Any:
