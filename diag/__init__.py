@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-__version__ = "0.5.0"
+__version__ = "0.5.1"
 
 
 def step() -> None:
