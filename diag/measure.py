@@ -104,6 +104,18 @@ def _run_for_json(argv: list[str], env: dict[str, str], timeout_s: float,
     return result, code, text
 
 
+def _run_collector(python: str, name: str, spec: Mapping[str, Any], environ: Mapping[str, str],
+                   timeout_s: float) -> tuple[dict[str, Any] | None, int | None, str]:
+    """`_run_for_json` of the collector file `name` (``python NAME SPEC.json OUT.json``) with
+    the job's Python, its spec in a temporary directory."""
+    with tempfile.TemporaryDirectory(prefix="pardiag-measure-") as tmp:
+        spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "out.json"
+        spec_path.write_text(json.dumps(spec))
+        argv = [python, "-S", "-c", PRELUDE + "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')",
+                str(_collector_file(name)), str(spec_path), str(out_path)]
+        return _run_for_json(argv, _env(environ), timeout_s, out_path)
+
+
 def _last_line(text: str) -> str:
     lines = [l.strip() for l in text.strip().splitlines() if l.strip()]
     return lines[-1][:300] if lines else "no output"
@@ -175,12 +187,7 @@ def measure_gemm(run: rundir.RunDir, rank: int, trace: Path, meta: RankMeta | No
             "cudnn_allow_tf32": amp.get("cudnn_allow_tf32", True), "budget_s": GEMM_BUDGET_S,
             "peak_budget_s": PEAK_BUDGET_S,
             "shapes": [s.to_dict() for s in top]}
-    with tempfile.TemporaryDirectory(prefix="pardiag-gemm-") as tmp:
-        spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "out.json"
-        spec_path.write_text(json.dumps(spec))
-        argv = [python, "-S", "-c", PRELUDE + "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')",
-                str(_collector_file("gemm_bench.py")), str(spec_path), str(out_path)]
-        result, code, text = _run_for_json(argv, _env(environ), GEMM_TIMEOUT_S, out_path)
+    result, code, text = _run_collector(python, "gemm_bench.py", spec, environ, GEMM_TIMEOUT_S)
     seconds = time.perf_counter() - started
     base = {"rank": rank, "device": device, "gemm_us": found.total_us, "window_us": found.window_us,
             "trace_timing": found.timing,
@@ -246,12 +253,7 @@ def measure_loader(run: rundir.RunDir, rank: int, meta: RankMeta | None, python:
         _write(run.loader_factor, doc)
         return doc
     spec = {"shape": shape, "dtype": dtype, "workers": LOADER_WORKERS, "budget_s": LOADER_BUDGET_S}
-    with tempfile.TemporaryDirectory(prefix="pardiag-loader-") as tmp:
-        spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "out.json"
-        spec_path.write_text(json.dumps(spec))
-        argv = [python, "-S", "-c", PRELUDE + "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')",
-                str(_collector_file("loader_bench.py")), str(spec_path), str(out_path)]
-        result, code, text = _run_for_json(argv, _env(environ), LOADER_TIMEOUT_S, out_path)
+    result, code, text = _run_collector(python, "loader_bench.py", spec, environ, LOADER_TIMEOUT_S)
     base = {"rank": rank, "shape": shape, "dtype": dtype, "seconds": time.perf_counter() - started}
     us = result.get("handover_us") if result else None
     if not isinstance(us, (int, float)) or us < 0:
