@@ -23,6 +23,7 @@ manifest (``collectors.factors``), and never changes `pardiag run`'s exit code.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -46,6 +47,8 @@ LOADER_TIMEOUT_S = 20.0  # the interpreter's start and torch's import included
 LOADER_BUDGET_S = 4.0
 LOADER_WORKERS = 2
 LOADER_MIN_SHARE = 0.05  # of the lowest rank's median step spent waiting for input
+LOADER_MAX_BYTES = 256 << 20  # a larger batch is not timed: 2 workers prefetching 2 each hold 5 copies
+_DTYPE_BYTES = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "bfloat16": 2, "uint8": 1}
 SWEEP_TIMEOUT_S = 30.0
 SWEEP_BUDGET_S = 12.0
 SWEEP_MAX_RANKS = 8
@@ -250,6 +253,12 @@ def measure_loader(run: rundir.RunDir, rank: int, meta: RankMeta | None, python:
     shape, dtype = first.get("shape"), first.get("dtype")
     if not (isinstance(shape, list) and shape and all(isinstance(d, int) and d > 0 for d in shape)):
         doc = _loader_doc("skipped", "meta.json names no input tensor shape", rank=rank)
+        _write(run.loader_factor, doc)
+        return doc
+    size = math.prod(shape) * _DTYPE_BYTES.get(str(dtype), 4)
+    if size > LOADER_MAX_BYTES:
+        doc = _loader_doc("skipped", f"the batch's first tensor is {size / 2**20:.0f} MiB, over the "
+                                     f"{LOADER_MAX_BYTES >> 20} MiB timed", rank=rank, shape=shape, dtype=dtype)
         _write(run.loader_factor, doc)
         return doc
     spec = {"shape": shape, "dtype": dtype, "workers": LOADER_WORKERS, "budget_s": LOADER_BUDGET_S}

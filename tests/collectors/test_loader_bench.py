@@ -60,10 +60,14 @@ def test_a_job_python_without_torch_fails_in_one_line(python_without_torch: Path
     assert r.value is None and r.reason is not None and r.reason.startswith("loader.json: the measurement failed")
 
 
-def test_no_input_shape_is_skipped(tmp_path: Path) -> None:
+def test_no_input_shape_or_a_huge_batch_is_skipped(tmp_path: Path) -> None:
     run = rundir.RunDir(tmp_path)
     doc = measure.measure_loader(run, 0, SimpleNamespace(inputs=None), sys.executable, os.environ)  # type: ignore[arg-type]
     assert doc["status"] == "skipped" and doc["reason"] == "meta.json names no input tensor shape"
+    # 64x3x512x512 float32 is 192 MiB: timed; 128x... is 384 MiB, five copies would be 1.9 GiB
+    assert measure.LOADER_MAX_BYTES == 256 << 20
+    doc = measure.measure_loader(run, 0, _meta([128, 3, 512, 512]), sys.executable, os.environ)  # type: ignore[arg-type]
+    assert doc["status"] == "skipped" and doc["reason"] == "the batch's first tensor is 384 MiB, over the 256 MiB timed"
 
 
 @pytest.mark.parametrize("content, why", [
