@@ -59,6 +59,10 @@ WAKE_MAX_US = 5000.0
 """A gap in which the last member of a collective arrived, ending at most this long after
 the collective completed (or after its worker closed it on the gap's rank), waited for it
 (the rest is the thread's wake-up)."""
+DDP_REDUCER = re.compile(r"^(torch::distributed::reducer::|torch\.distributed\.ddp\.reducer::)")
+"""DDP's reducer on the host: gradients copied into its buckets (``reducer::mul_out``) and
+the reduced buckets back into the gradients (``copy_bucket_to_grad``). Under ``no_sync``
+the reducer does neither (its hooks return at once)."""
 MAX_ERROR = 0.08
 """Replay error above which replay-based estimates are refused (the bound per run)."""
 TARGET_MEDIAN_ERROR = 0.03
@@ -92,6 +96,7 @@ class Node:
     name: str = ""
     step: int | None = None
     gemm: float = 0.0  # matrix multiplies/convolutions inside it (host work on CPU; a GEMM kernel: all)
+    reducer: float = 0.0  # DDP's reducer work inside it (host work: DDP_REDUCER)
     bytes: int | None = None  # collectives: the message size, when the trace says
 
 
@@ -200,7 +205,8 @@ class Accumulate:
     """``k`` micro-batches per optimizer step (gradient accumulation), per micro-batch:
     each step of the window replayed as it is (the micro-batch that syncs) and again
     without its gradient collectives (those issued from backward: DDP's all-reduces,
-    FSDP's reduce-scatters) and without the optimizer (the ``k - 1`` that do not), each
+    FSDP's reduce-scatters), without DDP's reducer copying gradients into its buckets and
+    back (``DDP_REDUCER``) and without the optimizer (the ``k - 1`` that do not), each
     step's time the mean of one of the first and ``k - 1`` of the second. What waited for
     a dropped collective waits no longer, and the ranks are no longer synchronised by it."""
 
@@ -489,6 +495,10 @@ class _RankBuilder:
         gemm_ivs = _union(s[gm].tolist(), e[gm].tolist())
         gemm_starts = [a for a, _ in gemm_ivs]
         gemm_cum = np.concatenate([[0.0], np.cumsum([b - a for a, b in gemm_ivs])]).tolist()
+        rm = np.isin(nid, _ids(names, DDP_REDUCER))
+        red_ivs = _union(s[rm].tolist(), e[rm].tolist())
+        red_starts = [a for a, _ in red_ivs]
+        red_cum = np.concatenate([[0.0], np.cumsum([b - a for a, b in red_ivs])]).tolist()
         layers = []
         for pat in (DATALOADER, OPTIMIZER, BACKWARD):
             m = np.isin(nid, _ids(names, pat))
@@ -548,6 +558,8 @@ class _RankBuilder:
             if kind == WORK:
                 if gemm_ivs:
                     extra["gemm"] = _covered(gemm_ivs, gemm_starts, gemm_cum, a, b)
+                if red_ivs:
+                    extra["reducer"] = _covered(red_ivs, red_starts, red_cum, a, b)
             n = self.add(kind, stream, phase, a, b, step=step, **extra)
             if step is not None and step not in first_of_step:
                 first_of_step[step] = n
@@ -857,6 +869,8 @@ def _apply(model: Model, edits: Sequence[Edit], skip_sync: bool = False) -> _App
                 for i, n in enumerate(nodes):
                     if n.kind == WORK and n.phase == "optimizer":
                         dur[i] = 0.0
+                    elif n.kind == WORK and n.reducer > 0:  # no_sync: DDP's reducer copies nothing
+                        dur[i] = max(dur[i] - n.reducer, 0.0)
                     elif n.kind == COLL and any(nodes[d].phase == "backward" for d in n.deps):
                         dur[i] = delay[i] = 0.0
                         dropped.add(i)

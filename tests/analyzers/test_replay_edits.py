@@ -58,6 +58,25 @@ def test_accumulation_replays_a_synced_micro_batch_and_k_minus_1_without_sync(tm
     assert replay(m, [Accumulate(1)]).replayed_steps[0][1] == pytest.approx(2830.0)
 
 
+def test_micro_batches_that_do_not_sync_skip_ddps_reducer_work(tmp_path: Path) -> None:
+    # as above, with 300 us of DDP's reducer (gradients into its buckets) inside each
+    # backward. Under no_sync the reducer copies nothing: the k - 1 micro-batches lose it
+    # too, rank 0's 2230 -> 1930 and rank 1's 2530 -> 2230. Per micro-batch (k = 4): rank 0
+    # (2830 + 3 * 1930) / 4 = 2155, rank 1 (2830 + 3 * 2230) / 4 = 2380. (A recorded comm_bound
+    # fix ran the reducer in its syncing micro-batch only: 24 calls in 12 micro-batches.)
+    def rank_ev(sleep: float, arrive: float) -> list[dict[str, Any]]:
+        return gloo_replay_rank(sleep, arrive, 2710) + [
+            x("torch::distributed::reducer::mul_out", sleep + 1500, 200.0),
+            x("torch.distributed.ddp.reducer::copy_bucket_to_grad", sleep + 1800, 100.0)]
+
+    m = _model(tmp_path, rank_ev(0, 2210), rank_ev(300, 2510))
+    assert sum(n.reducer for n in m.nodes if n.rank == 0) == pytest.approx(300.0)
+    assert replay(m).replayed_steps[0][1] == pytest.approx(2830.0)  # the measured step
+    r = replay(m, [Accumulate(4)])
+    assert r.replayed_steps[0][1] == pytest.approx(2155.0)
+    assert r.replayed_steps[1][1] == pytest.approx(2380.0)
+
+
 def _buckets(sleep: float = 0.0) -> list[dict[str, Any]]:
     """Four 1000-byte all-reduces (250 floats) issued at the end of backward, 100 us each
     back to back on the worker from 2210; the loop wakes at 2630, optimizer to 2730."""
