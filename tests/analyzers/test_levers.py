@@ -30,6 +30,24 @@ def test_exposed_communication_with_ddp() -> None:
     assert "comm_overlap" not in f  # DDP's overlap is its buckets
 
 
+def test_a_cpu_job_that_takes_fresh_memory_every_step_is_told_accumulation_may_save_more() -> None:
+    from dataclasses import replace
+
+    def with_faults(a: Analysis, plain: float) -> Analysis:
+        inf = replace(a.job_summary.profiled_step_inflation, page_faults={"profiled": 8192.0, "plain": plain})
+        return replace(a, summary=replace(a.job_summary, profiled_step_inflation=inf))
+
+    cpu = analysis([rank(r, compute=0.6, comm_exposed=0.2, device="cpu") for r in (0, 1)], DDP_ONE_BUCKET)
+    # comm_bound's count: 8,160 faults of 4 KiB = 32 MB per step
+    (line,) = [e for e in levers(with_faults(cpu, 8160.0))["gradient_accumulation"].evidence if "page-faults" in e]
+    assert line.startswith("each step page-faults 8,160 times (32 MB touched fresh, steps.jsonl)")
+    assert levers(with_faults(cpu, 8160.0))["gradient_accumulation"].est_saving_pct == 15.0  # not counted
+    # under 1,000 faults per step, or on a GPU (its gradients are not host pages): nothing said
+    assert not [e for e in levers(with_faults(cpu, 999.0))["gradient_accumulation"].evidence if "page-faults" in e]
+    gpu = analysis([rank(r, compute=0.6, comm_exposed=0.2, device="cuda") for r in (0, 1)], DDP_ONE_BUCKET)
+    assert not [e for e in levers(with_faults(gpu, 8160.0))["gradient_accumulation"].evidence if "page-faults" in e]
+
+
 def test_no_communication_finding_when_hidden_or_already_accumulating() -> None:
     healthy = analysis([rank(0, compute=0.8, comm_overlapped=0.15, comm_exposed=0.02)], DDP_ONE_BUCKET)
     assert not {"gradient_accumulation", "ddp_bucket_size", "comm_overlap"} & set(levers(healthy))
