@@ -73,11 +73,8 @@ def test_four_linears_by_hand_and_as_flop_counter_counts_them(tmp_path: Path) ->
     assert c.calls == ACTIVE * (LAYERS + 2 * LAYERS - 1) and c.calls_without_shapes == 0
 
 
-@pytest.mark.parametrize("reentrant, recomputed", [(True, 2), (False, 1)])
-def test_checkpointing_is_counted_as_recomputation(tmp_path: Path, reentrant: bool, recomputed: int) -> None:
-    """Layers 1 and 2 under torch.utils.checkpoint run forward again in backward. The
-    non-reentrant form stops as soon as it has the tensors backward needs: inside layer
-    2's addmm, before it computes, so one layer's FLOPs are recomputed, not two."""
+def checkpointed(reentrant: bool) -> Callable[[], None]:
+    """A step of the four linears with layers 1 and 2 under torch.utils.checkpoint."""
     from torch.utils.checkpoint import checkpoint
 
     model, x = linears(), torch.randn(B, D)
@@ -87,6 +84,15 @@ def test_checkpointing_is_counted_as_recomputation(tmp_path: Path, reentrant: bo
         h = checkpoint(lambda t: model[2](model[1](t)), h, use_reentrant=reentrant)
         model[3](h).sum().backward()
 
+    return step
+
+
+@pytest.mark.parametrize("reentrant, recomputed", [(True, 2), (False, 1)])
+def test_checkpointing_is_counted_as_recomputation(tmp_path: Path, reentrant: bool, recomputed: int) -> None:
+    """Layers 1 and 2 under torch.utils.checkpoint run forward again in backward. The
+    non-reentrant form stops as soon as it has the tensors backward needs: inside layer
+    2's addmm, before it computes, so one layer's FLOPs are recomputed, not two."""
+    step = checkpointed(reentrant)
     path = tmp_path / "checkpoint.json"
     record(path, step)
     c = counted(path)
@@ -103,17 +109,8 @@ def test_a_stopped_recomputation_is_told_by_what_it_called_not_by_its_time(tmp_p
     stay left out and the computed one stays counted; shrunk to a tenth, likewise."""
     import json
 
-    from torch.utils.checkpoint import checkpoint
-
-    model, x = linears(), torch.randn(B, D)
-
-    def step() -> None:
-        h = model[0](x)
-        h = checkpoint(lambda t: model[2](model[1](t)), h, use_reentrant=False)
-        model[3](h).sum().backward()
-
     path = tmp_path / "checkpoint.json"
-    record(path, step)
+    record(path, checkpointed(False))
     doc = json.loads(path.read_text())
     ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
     bwd = [e for e in ev if e["name"].startswith("autograd::engine::evaluate_function")]
