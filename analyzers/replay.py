@@ -41,7 +41,7 @@ import re
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -216,8 +216,9 @@ class Accumulate:
 @dataclass(frozen=True)
 class RegroupBuckets:
     """DDP's gradient all-reduces of each step regrouped under a larger bucket cap of
-    ``cap_bytes``: consecutive calls of a step merge while their sizes fit (as DDP packs
-    gradients in ready order), each merged call issued when its last part was. Its time
+    ``cap_bytes``: consecutive calls of a step merge until the pack reaches the cap (as
+    DDP fills a bucket with gradients in ready order and closes it once it holds the cap
+    or more), each merged call issued when its last part was. Its time
     is the curve's (``alpha_us + bytes * beta_us_per_byte``, measured after the job) at the
     level of the job's own calls: times the ratio of its parts' measured times to what the
     curve gives them (a call left alone keeps its measured time)."""
@@ -907,7 +908,8 @@ def _regroup(model: Model, ed: RegroupBuckets, dur: list[float], delay: list[flo
     """``RegroupBuckets``: per rank and step, the all-reduces in issue order (on all of
     the rank's collective streams: gloo alternates between two worker threads) packed
     under the cap; every call but the last of a pack is gone (no time, no delay), the last
-    one lasts the pack's time, picked up after the calls' median delay. A pack closes
+    one lasts the pack's time, picked up after the calls' median delay. A pack closes once
+    it holds ``cap_bytes`` or more (DDP's rule, as `levers.packed_buckets` counts). It closes
     before a call that its rank issues after it waited for one of the pack's calls (a
     host node that depends on it: DDP's finalize, or a gap that ended when that call
     completed): DDP could not have put them in one bucket, and the merged call would
@@ -946,23 +948,38 @@ def _regroup(model: Model, ed: RegroupBuckets, dur: list[float], delay: list[flo
     pickup = statistics.median(delay[i] for calls in by_step.values() for i in calls) if by_step else 0.0
     for calls in by_step.values():
         calls.sort(key=lambda i: (nodes[i].measured_start, i))
-        pack: list[int] = []
-        size = 0
-        waited = 1 << 62  # the first host position that waits for a call of the pack
-        for i in calls + [-1]:
-            b = nodes[i].bytes or 0 if i >= 0 else 0
-            if pack and (i < 0 or size + b > ed.cap_bytes or issued_at(i) >= waited):
-                if len(pack) > 1:
-                    for j in pack[:-1]:
-                        dur[j] = delay[j] = 0.0
-                        gone[j] = pack[-1]
-                    dur[pack[-1]] = (ed.alpha_us + size * ed.beta_us_per_byte) * level
-                    delay[pack[-1]] = pickup
-                pack, size, waited = [], 0, 1 << 62
-            if i >= 0:
-                pack.append(i)
-                size += b
-                waited = min(waited, first_waiter.get(i, 1 << 62))
+        for pack in _packs(calls, nodes, ed.cap_bytes, issued_at, first_waiter):
+            if len(pack) > 1:
+                for j in pack[:-1]:
+                    dur[j] = delay[j] = 0.0
+                    gone[j] = pack[-1]
+                size = sum(nodes[j].bytes or 0 for j in pack)
+                dur[pack[-1]] = (ed.alpha_us + size * ed.beta_us_per_byte) * level
+                delay[pack[-1]] = pickup
+
+
+def _packs(calls: Sequence[int], nodes: Sequence[Node], cap_bytes: int, issued_at: Callable[[int], int],
+           first_waiter: Mapping[int, int]) -> list[list[int]]:
+    """A step's all-reduces (in issue order) cut into packs as DDP fills buckets: a call
+    joins the open pack, which closes once it holds ``cap_bytes`` or more; a call issued
+    after its rank waited for one of the open pack's calls starts a new one."""
+    packs: list[list[int]] = []
+    pack: list[int] = []
+    size = 0
+    waited = 1 << 62  # the first host position that waits for a call of the open pack
+    for i in calls:
+        if pack and issued_at(i) >= waited:
+            packs.append(pack)
+            pack, size, waited = [], 0, 1 << 62
+        pack.append(i)
+        size += nodes[i].bytes or 0
+        waited = min(waited, first_waiter.get(i, 1 << 62))
+        if size >= cap_bytes:
+            packs.append(pack)
+            pack, size, waited = [], 0, 1 << 62
+    if pack:
+        packs.append(pack)
+    return packs
 
 
 def _fetches(nodes: list[Node], ids: list[int]) -> list[list[int]]:

@@ -52,7 +52,9 @@ def efficiency_words(a: Analysis) -> str | None:
     if e is None:
         return None
     if e.mfu is None:
-        achieved = f"; model {rate_text(e.model_tflops)} achieved" if e.model_tflops is not None else ""
+        # no FLOPs counted is not a rate of 0: say only why
+        counted = e.model_tflops is not None and e.model_flops_per_step > 0
+        achieved = f"; model {rate_text(e.model_tflops)} achieved" if counted else ""
         return f"MFU not known: {e.reason or 'no peak'}{achieved}"
     hfu = f" · HFU {ratio_text(e.hfu)}" if e.hfu is not None and e.recompute_flops_per_step > 0 else ""
     kind = "datasheet" if e.peak is not None and e.peak.source == "table" else "measured"

@@ -104,8 +104,12 @@ def test_buckets_regrouped_under_a_larger_cap(tmp_path: Path) -> None:
     # with the 2nd call (2202), the second right after it
     r = replay(m, [RegroupBuckets(2000, 60.0, 0.01)])
     assert r.replayed_steps[0][1] == pytest.approx(2202 + 2 * 80 * 200 / 140 + 120)
-    # a cap no pair fits under: every call alone keeps its measured time
-    assert replay(m, [RegroupBuckets(1500, 60.0, 0.01)]).replayed_steps[0][1] == pytest.approx(2730.0)
+    # DDP closes a bucket once it holds the cap or more: under 1500 bytes the first call
+    # (1000) stays open and the second closes it at 2000, so 1500 packs as 2000 does
+    r = replay(m, [RegroupBuckets(1500, 60.0, 0.01)])
+    assert r.replayed_steps[0][1] == pytest.approx(2202 + 2 * 80 * 200 / 140 + 120)
+    # a cap each call reaches alone: every call is its own bucket and keeps its measured time
+    assert replay(m, [RegroupBuckets(1000, 60.0, 0.01)]).replayed_steps[0][1] == pytest.approx(2730.0)
 
 
 def _waited_between_buckets() -> list[dict[str, Any]]:

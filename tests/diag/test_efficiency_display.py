@@ -73,6 +73,14 @@ def test_mfu_not_known_says_why() -> None:
     assert "not known" in render_html(a)
 
 
+def test_no_flops_counted_is_not_a_rate_of_zero() -> None:
+    """A trace recorded without shapes counts no FLOPs: the line says why, and no '0 FLOP/s'."""
+    a = with_efficiency(peak=None, mfu=None)
+    e = replace(a.efficiency, model_flops_per_step=0, model_tflops=0.0, ranks=[], ranks_counted=0,
+                reason="the profiler recorded no input shapes")
+    assert efficiency_words(replace(a, efficiency=e)) == "MFU not known: the profiler recorded no input shapes"
+
+
 def test_the_block_reads_back_from_json() -> None:
     a = with_efficiency(recompute=1e12)
     back = from_dict(json.loads(a.to_json()))
