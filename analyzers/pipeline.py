@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 
-import os
 import re
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
@@ -19,6 +18,7 @@ from pardiag.analysis import Analysis, GpuTime, Notice, RankResult, StepTime
 from pardiag.analyzers.collectives import clock_offsets, end_times, match
 from pardiag.analyzers.groups import process_groups
 from pardiag.analyzers.rank_trace import RankTrace, analyze_rank_trace
+from pardiag.analyzers import trace_parallel
 from pardiag.analyzers.steps import step_stats
 from pardiag.analyzers.stragglers import RankEvidence, find_stragglers, step_tiles, step_waits
 from pardiag.analyzers.trace import is_merged_export, trace_head
@@ -55,13 +55,15 @@ class TraceSummary:
     error: str | None
 
 
-def _summarise(inp: RankInput) -> TraceSummary:
+def _summarise(inp: RankInput, decoders: int | None = None) -> TraceSummary:
+    """One rank's trace read and summarised; ``decoders``: processes that decode it
+    (`load_trace`'s workers: None, every core)."""
     from pardiag.analyzers.gpu_breakdown import gpu_breakdown
     from pardiag.analyzers.trace import TraceError, load_trace
 
     assert inp.trace is not None
     try:
-        trace = load_trace(inp.trace)
+        trace = load_trace(inp.trace, workers=decoders)
     except TraceError as e:
         return TraceSummary(inp.rank, None, None, None, str(e))
     except MemoryError:
@@ -409,15 +411,17 @@ def _summarise_all(
         progress(0, total)
     if not inputs:
         return out
-    workers = min(jobs or os.cpu_count() or 1, total)
+    cores = jobs or trace_parallel.cores()
+    workers = min(cores, total)
+    decoders = max(1, cores // total)  # the cores a pool leaves idle decode each trace's blocks
     if workers <= 1:
         for n, i in enumerate(inputs, 1):
-            out[i.rank] = _summarise(i)
+            out[i.rank] = _summarise(i, decoders)
             if progress:
                 progress(n, total)
         return out
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(_summarise, i): i for i in inputs}
+        futures = {pool.submit(_summarise, i, decoders): i for i in inputs}
         for n, fut in enumerate(as_completed(futures), 1):
             i = futures[fut]
             try:

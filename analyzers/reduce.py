@@ -50,11 +50,13 @@ def from_body(doc: dict[str, Any]) -> tuple[RankTrace, GpuTime | None, int | Non
     return RankTrace(**r), gpu, doc.get("base_time_ns")
 
 
-def summarise(rank: int, trace: Path, complete: bool) -> tuple[dict[str, Any] | None, str | None]:
-    """(the summary body of `trace`, None) or (None, why the trace could not be read)."""
+def summarise(rank: int, trace: Path, complete: bool,
+              decoders: int | None = None) -> tuple[dict[str, Any] | None, str | None]:
+    """(the summary body of `trace`, None) or (None, why the trace could not be read);
+    ``decoders``: processes that decode the trace (None: every core)."""
     from pardiag.analyzers.pipeline import RankInput, _summarise
 
-    s = _summarise(RankInput(rank, trace, complete))
+    s = _summarise(RankInput(rank, trace, complete), decoders)
     if s.result is None:
         return None, s.error
     return to_body(s.result, s.gpu, s.base_time_ns), None

@@ -636,7 +636,7 @@ def _distributed_info(d: Any) -> DistributedInfo | None:
 
 
 # --------------------------------------------------------------------------- decoding
-def _decode_events(body: bytes | memoryview, decoder: msgspec.json.Decoder[Any] = _EVENTS) -> list[Any] | None:
+def _decode_events(body: bytes | bytearray | memoryview, decoder: msgspec.json.Decoder[Any] = _EVENTS) -> list[Any] | None:
     """Decode ``[ ... ]`` of events; retry once with invalid UTF-8 replaced."""
     events: list[Any]
     try:
@@ -810,14 +810,23 @@ def _gc_paused() -> Iterator[None]:
 
 
 def load_trace(path: str | Path, *, block_bytes: int = BLOCK_BYTES,
-               python_functions: bool = False) -> Trace:
+               python_functions: bool = False, workers: int | None = None) -> Trace:
     """Load a ``.json`` or ``.json.gz`` Kineto trace (gzip is detected by content).
 
     ``python_functions`` also keeps ``python_function`` ranges in ``Trace.cpu``
-    (traces recorded ``with_stack`` have millions of them).
+    (traces recorded ``with_stack`` have millions of them). ``workers``: processes
+    that decode a large file's blocks in parallel (`trace_parallel`; None: one per
+    core this process may use; 1: this process alone). The result is the same.
     Raises ``TraceError`` for an unreadable, truncated, empty or non-trace file.
     """
     p = Path(path)
+    from pardiag.analyzers import trace_parallel
+
+    n = trace_parallel.cores() if workers is None else workers
+    if trace_parallel.worth_it(p, n):
+        got = trace_parallel.load_parallel(p, n, python_functions)
+        if got is not None:
+            return got
     with _errors_as_trace_error(p), _gc_paused():
         ex = _Extractor(python_functions)
         if not _decode_blockwise(p, ex, block_bytes):

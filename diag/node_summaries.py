@@ -6,20 +6,20 @@ a large job reads summaries instead of every trace. The summary itself is made b
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Callable, Sequence
 
 from pardiag import rundir
+from pardiag.analyzers import trace_parallel
 
 Progress = Callable[[int, int], None]
 
 
-def _write_one(run_root: str, rank: int, trace: str, complete: bool) -> tuple[int, str | None]:
+def _write_one(run_root: str, rank: int, trace: str, complete: bool, decoders: int) -> tuple[int, str | None]:
     from pardiag.analyzers.reduce import summarise
 
-    body, error = summarise(rank, Path(trace), complete)
+    body, error = summarise(rank, Path(trace), complete, decoders)
     if body is None:
         return rank, error
     rundir.write_summary(rundir.RunDir(Path(run_root)), rank, Path(trace), body)
@@ -40,9 +40,11 @@ def write_node_summaries(run: rundir.RunDir, ranks: Sequence[int], jobs: int | N
     out: dict[int, str | None] = {}
     if not todo:
         return out
-    workers = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
+    cores = jobs or trace_parallel.cores()
+    workers = max(1, min(cores, len(todo)))
+    decoders = max(1, cores // len(todo))  # the node's cores, all of them: idle ones decode blocks
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(_write_one, str(run.root), r, str(t), c) for r, t, c in todo]
+        futures = [pool.submit(_write_one, str(run.root), r, str(t), c, decoders) for r, t, c in todo]
         for n, fut in enumerate(as_completed(futures), 1):
             try:
                 rank, err = fut.result()

@@ -1,0 +1,322 @@
+"""Decode one large trace on several cores.
+
+`load_trace` reads a trace block by block in one process, which keeps one core busy
+(about 125 MB/s of JSON here: half in msgspec's decoding, half in sorting the events
+into columns). For a large file on a machine with idle cores, `load_parallel` splits
+the work:
+
+* the calling process reads the file (gunzipping it when it is gzip), cuts the
+  ``traceEvents`` text after the last event separator of each block, as the serial
+  reader does, and hands each block (``[`` + events + ``]``) to a worker process;
+* each worker decodes its block and sorts its events into columns with the serial
+  reader's own code (`trace._Extractor`), and sends back the columns, the names and
+  categories they refer to, and the rare events it kept (steps, collectives, FLOP
+  operators);
+* the calling process decodes the last events and the metadata after the list
+  itself, and joins the blocks in file order: names and categories are renumbered in
+  order of first appearance, so the result is the `Trace` the serial reader gives,
+  column for column.
+
+Workers are forked (Linux), so they start in milliseconds with everything imported;
+elsewhere a trace is read serially. Any
+block that does not decode (a separator-like string inside a name, an unusual
+layout) sends the whole file back to the serial reader, which knows how to cope.
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing
+import os
+import sys
+import warnings
+from collections import deque
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import numpy.typing as npt
+
+from pardiag.analyzers import trace as tr
+
+PARALLEL_MIN_BYTES = 48 << 20
+"""Below this (on disk) a trace is read in one process: forking and joining would cost
+more than the second core gives back."""
+
+PARALLEL_BLOCK_BYTES = 8 << 20
+"""Bytes of JSON per block handed to a worker."""
+
+_IN_FLIGHT_PER_WORKER = 3  # blocks queued per worker: enough to keep it busy, few to hold
+
+
+def cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def can_fork() -> bool:
+    """Whether workers can be forked: on Linux. The children run only the decoder (no
+    lock another thread of this process may hold: a progress bar's refresh thread
+    writes to the terminal, which they never touch), as the rank-level pools do."""
+    return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
+
+
+def json_bytes(path: Path) -> int:
+    """About how many bytes of JSON the file holds: its size, or for gzip the size it
+    records of its content (modulo 4 GiB, so never taken under 4x the file)."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            if f.read(2) != tr._GZIP_MAGIC:
+                return size
+            f.seek(-4, os.SEEK_END)
+            return max(int.from_bytes(f.read(4), "little"), 4 * size)
+    except OSError:
+        return 0
+
+
+def worth_it(path: Path, workers: int) -> bool:
+    """Whether ``workers`` processes would read the file sooner than one."""
+    return workers > 1 and json_bytes(path) >= PARALLEL_MIN_BYTES and can_fork()
+
+
+@dataclass
+class _Part:
+    """One block's events as the serial reader sorts them, with the names and
+    categories its id columns refer to."""
+
+    names: list[str]
+    name_flags: list[int]
+    cats: list[str]
+    gpu: dict[str, npt.NDArray[Any]]
+    cpu: dict[str, npt.NDArray[Any]]
+    launches: dict[str, npt.NDArray[Any]]
+    memory: dict[str, npt.NDArray[Any]]
+    steps: list[tr.StepMark]
+    collectives: list[tr.CollectiveEvent]
+    flop_ops: list[tr.FlopOp]
+    n_events: int
+    ts_fractional: bool
+    min_ts: float
+
+
+def _part_of(ex: tr._Extractor) -> _Part:
+    return _Part(ex.names, ex.name_flags, list(ex.cat_ids), ex.gpu.arrays(), ex.cpu.arrays(),
+                 ex.launches.arrays(), ex.memory.arrays(), ex.steps, ex.collectives, ex.flop_ops,
+                 ex.n_events, ex.ts_fractional, ex.min_ts)
+
+
+def _decode_block(block: bytes | bytearray, python_functions: bool) -> _Part | None:
+    """In a worker: one block's events as a part; None when the block does not decode."""
+    with tr._gc_paused():
+        events = tr._decode_events(block)
+        if events is None:
+            return None
+        ex = tr._Extractor(python_functions)
+        ex.add(events)
+        del events
+        return _part_of(ex)
+
+
+class _Fallback(Exception):
+    """The file must be read by the serial reader."""
+
+
+def _join(parts: list[_Part], meta: tr._Extractor, python_functions: bool, path: str) -> tr.Trace:
+    """The parts in file order as one trace, as the serial reader would have built it."""
+    ex = tr._Extractor(python_functions)
+    ex.meta = meta.meta
+    for part in parts:
+        name_map = np.empty(len(part.names), dtype=np.int32)
+        for i, name in enumerate(part.names):
+            nid = ex.name_ids.get(name)
+            if nid is None:
+                nid = ex.name_ids[name] = len(ex.names)
+                ex.names.append(name)
+                ex.name_flags.append(part.name_flags[i])
+            name_map[i] = nid
+        cat_map = np.empty(len(part.cats), dtype=np.int32)
+        for i, cat in enumerate(part.cats):
+            cid = ex.cat_ids.get(cat)
+            if cid is None:
+                cid = ex.cat_ids[cat] = len(ex.cat_ids)
+            cat_map[i] = cid
+        for table, cols in ((ex.gpu, part.gpu), (ex.cpu, part.cpu), (ex.launches, part.launches),
+                            (ex.memory, part.memory)):
+            if not next(iter(cols.values())).size:
+                continue
+            for k, name in enumerate(table.dtypes):
+                col = cols[name]
+                if name == "name_id":
+                    col = name_map[col]
+                elif name == "cat_id":
+                    col = cat_map[col]
+                table.chunks[k].append(col)
+        ex.steps += part.steps
+        ex.collectives += part.collectives
+        ex.flop_ops += part.flop_ops
+        ex.n_events += part.n_events
+        ex.ts_fractional = ex.ts_fractional or part.ts_fractional
+        ex.min_ts = min(ex.min_ts, part.min_ts)
+    return ex.finish(path)
+
+
+def load_parallel(path: Path, workers: int, python_functions: bool = False,
+                  block_bytes: int = PARALLEL_BLOCK_BYTES) -> tr.Trace | None:
+    """The trace decoded by ``workers`` processes; None when it must be read serially
+    (its layout is not the usual one, or a block did not decode). Raises `TraceError`
+    as `load_trace` does for a truncated file."""
+    meta = tr._Extractor(python_functions)  # the metadata before and after the list
+    tail = tr._Extractor(python_functions)  # the last events, decoded here
+    futures: list[Future[_Part | None]] = []
+    ctx = multiprocessing.get_context("fork")
+    with tr._errors_as_trace_error(path), tr._gc_paused(), warnings.catch_warnings():
+        # Python 3.12+ warns of forking a process with threads; see can_fork
+        warnings.filterwarnings("ignore", message=".*fork.*", category=DeprecationWarning)
+        try:
+            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+                pending: deque[Future[_Part | None]] = deque()
+
+                def submit(fn: Callable[..., _Part | None], *args: Any) -> None:
+                    while len(pending) >= workers * _IN_FLIGHT_PER_WORKER:
+                        _result(pending.popleft())
+                    fut = pool.submit(fn, *args, python_functions=python_functions)
+                    futures.append(fut)
+                    pending.append(fut)
+
+                try:
+                    with tr._open(path) as f:
+                        head = _head(f, path, block_bytes, meta)
+                        if head is None:
+                            raise _Fallback
+                        start, sep, first = head
+                        gzipped = not isinstance(f, io.BufferedReader)
+                        rest = (_stream(f, first, sep, block_bytes, submit) if gzipped else
+                                _ranges(path, start, sep, block_bytes, submit))
+                    if rest is None or not tr._decode_tail(path, rest, tail):
+                        raise _Fallback
+                    parts = [_result(f) for f in futures]
+                except BaseException:
+                    pool.shutdown(wait=False, cancel_futures=True)  # no more blocks decoded for nothing
+                    raise
+        except _Fallback:
+            return None
+        for key, value in tail.meta.items():  # the head's metadata first, as the serial reader keeps it
+            meta.meta.setdefault(key, value)
+        return _join([*parts, _part_of(tail)], meta, python_functions, str(path))
+
+
+def _result(fut: Future[_Part | None]) -> _Part:
+    """A worker's part; `_Fallback` when its block did not decode or the worker failed
+    (the serial reader then says what is wrong, as it would have)."""
+    try:
+        part = fut.result()
+    except Exception:  # a worker that died or raised: the serial reader decides
+        raise _Fallback from None
+    if part is None:
+        raise _Fallback
+    return part
+
+
+def _head(f: io.BufferedIOBase, path: Path, block: int,
+          meta: tr._Extractor) -> tuple[int, bytes, bytearray] | None:
+    """Decode the metadata before the event list into ``meta``; (the offset of the
+    first event, the separator between events, ``[`` + the text read after the list's
+    opening), or None when the layout is not the usual one."""
+    head = f.read(block)
+    if not head or head.isspace():
+        raise tr.TraceError(f"{path.name}: empty file")
+    while (i := head.find(tr._KEY)) < 0 or len(head) - i < 64:
+        more = f.read(block) if len(head) <= tr._HEAD_LIMIT else b""
+        if not more:
+            break
+        head += more
+    if i < 0:
+        return None
+    m = tr._ARRAY_OPEN.match(head, i + len(tr._KEY))
+    if m is None:
+        return None
+    try:
+        meta.add_meta(tr._decode_doc(head[:i] + b'"traceEvents": []}'))
+    except Exception:
+        return None
+    first = bytearray(b"[")
+    first += memoryview(head)[m.end():]
+    sep = tr._pick_separator(first)
+    return None if sep is None else (m.end(), sep, first)
+
+
+def _stream(f: io.BufferedIOBase, buf: bytearray, sep: bytes, block: int, submit: Any) -> bytearray | None:
+    """A stream (gzip): each block of whole events read here and sent to a worker;
+    ``[`` + what is left after the last one, or None without a separator for too long."""
+    while True:
+        k = buf.rfind(sep)
+        if k > 0:
+            submit(_decode_block, b"".join((memoryview(buf)[:k + 1], b"]")))
+            rest = bytearray(b"[")
+            rest += memoryview(buf)[k + len(sep) - 1:]
+            buf = rest
+        elif len(buf) > tr._HEAD_LIMIT:
+            return None
+        chunk = f.read(block)
+        if not chunk:
+            return buf
+        buf += chunk
+        del chunk
+
+
+_PROBE = 1 << 20  # bytes read at a cut point to find the next separator
+
+
+def _ranges(path: Path, start: int, sep: bytes, block: int, submit: Any) -> bytearray | None:
+    """A plain file: cut about every ``block`` bytes at the next separator (only the
+    bytes around each cut are read here), each range read and decoded by a worker;
+    ``[`` + the last events and what follows the list, or None when no separator is
+    found near a cut."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        at = start  # the first byte of the range being cut (a '{')
+        while size - at > block + _PROBE:
+            probe = at + block
+            f.seek(probe)
+            window = f.read(_PROBE)
+            k = window.find(sep)
+            while k < 0 and len(window) < tr._HEAD_LIMIT:
+                more = f.read(_PROBE)
+                if not more:
+                    break
+                window += more
+                k = window.find(sep)
+            if k < 0:
+                return None
+            end = probe + k + 1  # after the event's '}'
+            submit(_decode_range, str(path), at, end - at)
+            at = probe + k + len(sep) - 1
+        # the rest but its last events to a worker too: what is decoded here (after the
+        # list's last separator) waits for no one, but holds up the workers' core
+        tail_at = max(at, size - _PROBE)
+        f.seek(tail_at)
+        k = f.read().rfind(sep)
+        if k >= 0 and tail_at + k > at:
+            submit(_decode_range, str(path), at, tail_at + k + 1 - at)
+            at = tail_at + k + len(sep) - 1
+        f.seek(at)
+        rest = bytearray(b"[")
+        rest += f.read()
+    return rest
+
+
+def _decode_range(path: str, offset: int, length: int, python_functions: bool) -> _Part | None:
+    """In a worker: the events in ``length`` bytes of the file from ``offset``."""
+    buf = bytearray(length + 2)
+    buf[0], buf[-1] = ord("["), ord("]")
+    with open(path, "rb") as f:
+        f.seek(offset)
+        if f.readinto(memoryview(buf)[1:length + 1]) != length:
+            return None
+    return _decode_block(buf, python_functions)
