@@ -108,8 +108,20 @@ def _hta_scope(trace: Trace, start: npt.NDArray[np.int64],
         # HTA gives every host event without a correlation the correlation -1
         np.full(int(np.any(_before(host_ts, limit, include_last_step))), -1, np.int64),
     ])
-    kept_gpu_rows = rows[gpu_side & np.isin(g.correlation, correlations, kind="sort")]
+    kept_gpu_rows = rows[gpu_side & _member(g.correlation, correlations)]
     return np.concatenate([kept_gpu_rows, kept_cpu_gpu_rows])
+
+
+def _member(values: npt.NDArray[np.int64], pool: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+    """``np.isin(values, pool)`` by a sort of ``pool`` and a binary search: numpy's
+    isin makes both arrays unique first (0.9 s of a 1 GB trace's 1.2 s breakdown)."""
+    if not len(pool) or not len(values):
+        return np.zeros(len(values), dtype=bool)
+    pool = np.sort(pool)
+    at = np.searchsorted(pool, values)
+    at[at == len(pool)] = 0
+    found: npt.NDArray[np.bool_] = pool[at] == values
+    return found
 
 
 def _before(t: npt.NDArray[np.int64], limit: float,

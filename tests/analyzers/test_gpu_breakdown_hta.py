@@ -377,3 +377,16 @@ def test_synthetic_traces_agree_with_hta(hta_results: dict[Path, HtaNumbers]) ->
     by_name = {p.name: n for p, n in hta_results.items()}
     assert by_name["two_streams.json"]["kernel_time_us"] == TWO_STREAMS.span_us
     assert by_name["nanoseconds.json"]["idle_us"] == NANOSECONDS.idle_us
+
+
+def test_membership_by_binary_search_is_numpys_isin() -> None:
+    from pardiag.analyzers.gpu_breakdown import _member
+
+    values = np.array([5, -1, 7, 7, 1 << 40, 3, 9], dtype=np.int64)
+    pool = np.array([9, 7, 7, -1, 2], dtype=np.int64)
+    assert _member(values, pool).tolist() == [False, True, True, True, False, False, True]
+    assert _member(values, pool[:0]).tolist() == [False] * 7
+    assert _member(values[:0], pool).tolist() == []
+    rng = np.random.default_rng(3)
+    big, some = rng.integers(-5, 10_000, 50_000), rng.integers(0, 20_000, 3_000)
+    assert np.array_equal(_member(big, some), np.isin(big, some))

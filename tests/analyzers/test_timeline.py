@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from pardiag.analyzers.timeline import attribute, coverage, forward_fill
+from pardiag.analyzers.timeline import Windowed, attribute, clip, coverage, forward_fill
 
 
 def iv(*pairs: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
@@ -48,3 +48,29 @@ def test_sums_to_window_on_random_input() -> None:
     for fill in (False, True):
         times, gap = attribute((0, 100), layers, fill_gaps=fill)
         assert sum(times) + gap == pytest.approx(100.0)
+
+
+def test_windowed_takes_every_interval_that_overlaps_and_clips_the_same() -> None:
+    # a long interval that starts well before the window, one inside, one touching its
+    # start, one after it, one with no start (NaN, as an odd value reads)
+    starts = np.array([500.0, 0.0, 120.0, 80.0, np.nan, 150.0])
+    ends = np.array([600.0, 130.0, 140.0, 100.0, np.nan, 160.0])
+    w = Windowed((starts, ends))
+    got = w.within(100.0, 150.0)
+    # start before 150 and from the first whose running end passes 100: the long one
+    # (0-130) holds the running end up, so 80-100 comes along; clip drops it
+    assert sorted(zip(got[0].tolist(), got[1].tolist())) == [(0.0, 130.0), (80.0, 100.0), (120.0, 140.0)]
+    assert [a.tolist() for a in clip(got, 100.0, 150.0)] == [a.tolist() for a in clip((starts, ends), 100.0, 150.0)]
+    assert [a.size for a in w.within(700.0, 800.0)] == [0, 0]
+    assert [a.size for a in Windowed((np.empty(0), np.empty(0))).within(0.0, 1.0)] == [0, 0]
+
+
+def test_windowed_step_by_step_equals_the_whole_arrays() -> None:
+    rng = np.random.default_rng(7)
+    starts = np.sort(rng.uniform(0, 10_000, 2000))
+    ends = starts + rng.exponential(40, 2000)
+    w = Windowed((starts, ends))
+    for lo in range(0, 10_000, 250):
+        whole = coverage((lo, lo + 250.0), [(starts, ends)])
+        part = coverage((lo, lo + 250.0), [w.within(lo, lo + 250.0)])
+        assert np.array_equal(whole[0], part[0]) and np.array_equal(whole[1], part[1])
