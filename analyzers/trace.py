@@ -2,7 +2,7 @@
 
 A Kineto trace is one JSON object: a few metadata keys (``distributedInfo``,
 ``deviceProperties``, ``baseTimeNanoseconds``, ...) around a ``traceEvents`` list that
-holds nearly all of the bytes. ``load_trace`` reads it in blocks (16 MB by default):
+holds nearly all of the bytes. ``load_trace`` reads it in blocks (4 MB by default):
 
 * it finds ``"traceEvents": [`` in the first block and decodes the header before it;
 * it cuts each block after the last event separator (``},`` + whitespace + ``{`` as
@@ -45,7 +45,7 @@ import numpy.typing as npt
 
 from pardiag.analyzers.flop_rules import OP_NAMES as FLOP_OP_NAMES
 
-BLOCK_BYTES = 16 << 20
+BLOCK_BYTES = 4 << 20
 """Bytes read per block."""
 
 _HEAD_LIMIT = 64 << 20  # give up on block-wise reading past this without a cut
@@ -393,7 +393,24 @@ class _Columns:
             chunks, self.chunks[i] = self.chunks[i], []
             out[name] = np.concatenate(chunks) if chunks else np.empty(0, dtype)
             del chunks
+            release_memory()  # the chunks' pages, before the next column is joined
         return out
+
+
+def _libc_trim() -> Callable[[], None]:
+    try:
+        import ctypes
+
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return lambda: None
+    return lambda: None if trim(0) else None
+
+
+release_memory = _libc_trim()
+"""Give the freed heap back to the system (glibc's ``malloc_trim``; nothing elsewhere).
+The chunks of a column are freed as scattered pieces the next column's array cannot
+reuse: without it a 1 GB trace peaked at 333 MB (the columns twice), with it at 213 MB."""
 
 
 class _Sink(Protocol):

@@ -45,7 +45,7 @@ PARALLEL_MIN_BYTES = 48 << 20
 """Below this (on disk) a trace is read in one process: forking and joining would cost
 more than the second core gives back."""
 
-PARALLEL_BLOCK_BYTES = 8 << 20
+PARALLEL_BLOCK_BYTES = 2 << 20
 """Bytes of JSON per block handed to a worker."""
 
 _IN_FLIGHT_PER_WORKER = 3  # blocks queued per worker: enough to keep it busy, few to hold
@@ -131,7 +131,8 @@ def _join(parts: list[_Part], meta: tr._Extractor, python_functions: bool, path:
     """The parts in file order as one trace, as the serial reader would have built it."""
     ex = tr._Extractor(python_functions)
     ex.meta = meta.meta
-    for part in parts:
+    while parts:
+        part = parts.pop(0)  # its columns held by the chunks alone: freed as each column is joined
         name_map = np.empty(len(part.names), dtype=np.int32)
         for i, name in enumerate(part.names):
             nid = ex.name_ids.get(name)
@@ -201,6 +202,8 @@ def load_parallel(path: Path, workers: int, python_functions: bool = False,
                     if rest is None or not tr._decode_tail(path, rest, tail):
                         raise _Fallback
                     parts = [_result(f) for f in futures]
+                    futures.clear()  # the parts are held by `parts` alone
+                    pending.clear()
                 except BaseException:
                     pool.shutdown(wait=False, cancel_futures=True)  # no more blocks decoded for nothing
                     raise
@@ -208,7 +211,8 @@ def load_parallel(path: Path, workers: int, python_functions: bool = False,
             return None
         for key, value in tail.meta.items():  # the head's metadata first, as the serial reader keeps it
             meta.meta.setdefault(key, value)
-        return _join([*parts, _part_of(tail)], meta, python_functions, str(path))
+        parts.append(_part_of(tail))
+        return _join(parts, meta, python_functions, str(path))
 
 
 def _result(fut: Future[_Part | None]) -> _Part:
