@@ -2,7 +2,7 @@
 
 A Kineto trace is one JSON object: a few metadata keys (``distributedInfo``,
 ``deviceProperties``, ``baseTimeNanoseconds``, ...) around a ``traceEvents`` list that
-holds nearly all of the bytes. ``load_trace`` reads it in blocks (4 MB by default):
+holds nearly all of the bytes. ``load_trace`` reads it in blocks (16 MB by default):
 
 * it finds ``"traceEvents": [`` in the first block and decodes the header before it;
 * it cuts each block after the last event separator (``},`` + whitespace + ``{`` as
@@ -45,7 +45,7 @@ import numpy.typing as npt
 
 from pardiag.analyzers.flop_rules import OP_NAMES as FLOP_OP_NAMES
 
-BLOCK_BYTES = 4 << 20
+BLOCK_BYTES = 16 << 20
 """Bytes read per block."""
 
 _HEAD_LIMIT = 64 << 20  # give up on block-wise reading past this without a cut

@@ -274,7 +274,7 @@ def _stream(f: io.BufferedIOBase, buf: bytearray, sep: bytes, block: int, submit
         del chunk
 
 
-_PROBE = 1 << 20  # bytes read at a cut point to find the next separator
+_PROBE = 64 << 10  # bytes read at a cut point to find the next separator (more while none is found)
 
 
 def _ranges(path: Path, start: int, sep: bytes, block: int, submit: Any) -> bytearray | None:
