@@ -116,11 +116,21 @@ def classify(name: str, rules: Sequence[KernelRule] = RULES) -> KernelKind:
     return KernelKind.COMPUTATION
 
 
+_CLASSIFIED: dict[int, dict[str, int]] = {}  # id of a rules table -> name -> kind
+
+
 def classify_names(names: Sequence[str],
                    rules: Sequence[KernelRule] = RULES) -> npt.NDArray[np.int8]:
-    """Kind code (``KernelKind`` value) for each of a list of unique names."""
-    return np.fromiter((classify(n, rules) for n in names), dtype=np.int8,
-                       count=len(names))
+    """Kind code (``KernelKind`` value) for each of a list of unique names; each name
+    is classified once per process and table (a job's ranks share their kernels)."""
+    known = _CLASSIFIED.setdefault(id(rules), {}) if rules is RULES or rules is HTA_RULES else {}
+    out = np.empty(len(names), dtype=np.int8)
+    for i, n in enumerate(names):
+        kind = known.get(n)
+        if kind is None:
+            kind = known[n] = int(classify(n, rules))
+        out[i] = kind
+    return out
 
 
 def event_kinds(name_ids: npt.NDArray[np.integer], cat_ids: npt.NDArray[np.integer],

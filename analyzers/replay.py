@@ -456,24 +456,25 @@ class _RankBuilder:
         sel = sel[np.argsort(g.ts_us[sel], kind="stable")]
         by_corr: dict[int, int] = {}
         pending = dict(self.device_calls)
-        for i in sel.tolist():
-            s = float(g.ts_us[i])
-            stream = f"stream {int(g.stream[i])}"
-            call = pending.pop(round(max(s, lo), 3), None) if kinds[i] == KernelKind.COMMUNICATION else None
+        is_gemm = _gemm_names(t.names)  # per name, once: not a search per kernel
+        comm_kind, compute_kind = int(KernelKind.COMMUNICATION), int(KernelKind.COMPUTATION)
+        names = t.names
+        for s, dur, stream_no, nid_name, kind, corr in zip(
+                g.ts_us[sel].tolist(), g.dur_us[sel].tolist(), g.stream[sel].tolist(),
+                g.name_id[sel].tolist(), kinds[sel].tolist(), g.correlation[sel].tolist()):
+            stream = f"stream {stream_no}"
+            call = pending.pop(round(max(s, lo), 3), None) if kind == comm_kind else None
             if call is not None:
                 c, k = call
                 nid = self.add(COLL, stream, "comm", c.start_us, c.start_us + c.dur_us, key=k,
                                name=f"{c.op} {c.process_group}", step=c.step, group_size=c.group_size,
                                bytes=c.bytes)
             else:
-                kind = kinds[i]
-                phase = "comm" if kind == KernelKind.COMMUNICATION else (
-                    "compute" if kind == KernelKind.COMPUTATION else "memory")
-                name = t.names[g.name_id[i]]
-                nid = self.add(KERNEL, stream, phase, s, s + float(g.dur_us[i]), name=name,
-                               gemm=float(g.dur_us[i]) if phase == "compute" and GEMM.search(name) else 0.0)
-            if g.correlation[i] >= 0:
-                by_corr[int(g.correlation[i])] = nid
+                phase = "comm" if kind == comm_kind else ("compute" if kind == compute_kind else "memory")
+                nid = self.add(KERNEL, stream, phase, s, s + dur, name=names[nid_name],
+                               gemm=dur if phase == "compute" and is_gemm[nid_name] else 0.0)
+            if corr >= 0:
+                by_corr[corr] = nid
         for c, k in pending.values():  # no kernel found at its start: a local op of its measured length
             self.add(COLL, "stream comm", "comm", c.start_us, c.start_us + c.dur_us, name=f"{c.op} {c.process_group}",
                      step=c.step)
@@ -982,6 +983,21 @@ def _packs(calls: Sequence[int], nodes: Sequence[Node], cap_bytes: int, issued_a
     return packs
 
 
+_GEMM_BY_NAME: dict[str, bool] = {}
+
+
+def _gemm_names(names: Sequence[str]) -> list[bool]:
+    """Per name id, whether the kernel is a matrix multiply or convolution (`GEMM`),
+    each distinct name searched once per process (a job's ranks share their names)."""
+    out = []
+    for n in names:
+        v = _GEMM_BY_NAME.get(n)
+        if v is None:
+            v = _GEMM_BY_NAME[n] = bool(GEMM.search(n))
+        out.append(v)
+    return out
+
+
 def _fetches(nodes: list[Node], ids: list[int]) -> list[list[int]]:
     """Consecutive DataLoader segments grouped into fetches."""
     out: list[list[int]] = []
@@ -1293,12 +1309,36 @@ def model_of(found: Sequence[tuple[int, object, bool]]) -> Model:
     from pardiag.errors import UserError
 
     try:
-        traces = {r: load_trace(p) for r, p, _ in found}  # type: ignore[arg-type]
+        traces = _load_all([(r, p) for r, p, _ in found])
     except TraceError as exc:
         raise UserError(str(exc)) from None
     hosts = {r: _host_of(trace_head(p)) for r, p, _ in found}  # type: ignore[arg-type]
     return build_model(traces, incomplete=[r for r, _, complete in found if not complete],
                        hosts=hosts if all(hosts.values()) else None)
+
+
+def _load_all(found: Sequence[tuple[int, object]]) -> dict[int, Trace]:
+    """Every rank's trace: a large one decoded on every core, many small ones spread
+    over the cores (forked processes, Linux); raises `TraceError` for the first that
+    cannot be read, in rank order."""
+    from concurrent.futures import ProcessPoolExecutor
+    import multiprocessing
+
+    from pardiag.analyzers import trace_parallel
+    from pardiag.analyzers.trace import load_trace
+
+    cores = trace_parallel.cores()
+    if len(found) < 2 * cores or not trace_parallel.can_fork():
+        return {r: load_trace(p) for r, p in found}  # type: ignore[arg-type]
+    with ProcessPoolExecutor(max_workers=cores, mp_context=multiprocessing.get_context("fork")) as pool:
+        got = list(pool.map(_load_one, [str(p) for _, p in found], chunksize=max(1, len(found) // (4 * cores))))
+    return {r: t for (r, _), t in zip(found, got)}
+
+
+def _load_one(path: str) -> Trace:
+    from pardiag.analyzers.trace import load_trace
+
+    return load_trace(path, workers=1)
 
 
 def _host_of(head: Mapping[str, object]) -> str | None:
