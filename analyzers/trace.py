@@ -722,29 +722,39 @@ def _cut_and_decode(buf: bytearray, sep: bytes, ex: _Sink) -> bytearray | None:
     return None
 
 
+def _read_list_head(f: io.BufferedIOBase, path: Path, ex: _Sink, block: int) -> tuple[int, bytearray] | None:
+    """Read up to the event list, decode the metadata before it into ``ex``; (the
+    offset of the first event, ``[`` + what was read after the list's opening), or None
+    when the layout is not the usual one."""
+    head = f.read(block)
+    if not head or head.isspace():
+        raise TraceError(f"{path.name}: empty file")
+    while (i := head.find(_KEY)) < 0 or len(head) - i < 64:
+        more = f.read(block) if len(head) <= _HEAD_LIMIT else b""
+        if not more:
+            break
+        head += more
+    if i < 0:
+        return None
+    m = _ARRAY_OPEN.match(head, i + len(_KEY))
+    if m is None:
+        return None
+    try:
+        ex.add_meta(_decode_doc(head[:i] + b'"traceEvents": []}', ex.doc_decoder))
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    buf = bytearray(b"[")
+    buf += memoryview(head)[m.end():]
+    return m.end(), buf
+
+
 def _decode_blockwise(path: Path, ex: _Sink, block: int) -> bool:
     """Block-wise decoding; False when the layout is not the usual one."""
     with _open(path) as f:
-        head = f.read(block)
-        if not head or head.isspace():
-            raise TraceError(f"{path.name}: empty file")
-        while (i := head.find(_KEY)) < 0 or len(head) - i < 64:
-            more = f.read(block) if len(head) <= _HEAD_LIMIT else b""
-            if not more:
-                break
-            head += more
-        if i < 0:
+        got = _read_list_head(f, path, ex, block)
+        if got is None:
             return False
-        m = _ARRAY_OPEN.match(head, i + len(_KEY))
-        if m is None:
-            return False
-        try:
-            ex.add_meta(_decode_doc(head[:i] + b'"traceEvents": []}', ex.doc_decoder))
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            return False
-        buf = bytearray(b"[")
-        buf += memoryview(head)[m.end():]
-        del head
+        buf = got[1]
         sep: bytes | None = None
         while True:
             if sep is None:

@@ -229,30 +229,15 @@ def _result(fut: Future[_Part | None]) -> _Part:
 
 def _head(f: io.BufferedIOBase, path: Path, block: int,
           meta: tr._Extractor) -> tuple[int, bytes, bytearray] | None:
-    """Decode the metadata before the event list into ``meta``; (the offset of the
-    first event, the separator between events, ``[`` + the text read after the list's
-    opening), or None when the layout is not the usual one."""
-    head = f.read(block)
-    if not head or head.isspace():
-        raise tr.TraceError(f"{path.name}: empty file")
-    while (i := head.find(tr._KEY)) < 0 or len(head) - i < 64:
-        more = f.read(block) if len(head) <= tr._HEAD_LIMIT else b""
-        if not more:
-            break
-        head += more
-    if i < 0:
+    """The serial reader's head (`trace._read_list_head`) and the separator between events:
+    (the offset of the first event, the separator, ``[`` + the text read after the
+    list's opening), or None when the layout is not the usual one."""
+    got = tr._read_list_head(f, path, meta, block)
+    if got is None:
         return None
-    m = tr._ARRAY_OPEN.match(head, i + len(tr._KEY))
-    if m is None:
-        return None
-    try:
-        meta.add_meta(tr._decode_doc(head[:i] + b'"traceEvents": []}'))
-    except Exception:
-        return None
-    first = bytearray(b"[")
-    first += memoryview(head)[m.end():]
+    start, first = got
     sep = tr._pick_separator(first)
-    return None if sep is None else (m.end(), sep, first)
+    return None if sep is None else (start, sep, first)
 
 
 def _stream(f: io.BufferedIOBase, buf: bytearray, sep: bytes, block: int, submit: Any) -> bytearray | None:
