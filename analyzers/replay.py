@@ -74,11 +74,12 @@ WORK, GAP, WAIT, SYNC, COLL, KERNEL = "work", "gap", "wait", "sync", "collective
 COMPUTE_PHASES = frozenset({"forward", "backward", "optimizer", "other"})
 
 
-@dataclass
+@dataclass(slots=True)
 class Node:
     """One operation of the model: it starts when the previous one on its stream has
     ended, its dependencies have ended and ``delay`` has passed, and lasts ``dur``
-    (a collective: until the last member arrives, then ``dur``)."""
+    (a collective: until the last member arrives, then ``dur``). Slots: a job of 1,024
+    ranks has millions of them."""
 
     rank: int
     stream: str
@@ -346,8 +347,21 @@ def _mean_step(steps: Mapping[int, Mapping[int, float]]) -> float:
 
 
 # ------------------------------------------------------------------------------ building
+_MATCHES: dict[re.Pattern[str], dict[str, bool]] = {}
+
+
 def _ids(names: Sequence[str], pattern: re.Pattern[str]) -> list[int]:
-    return [i for i, n in enumerate(names) if pattern.match(n)]
+    """The ids of the names ``pattern`` matches, each distinct name tried once per
+    process (a job's ranks share their names)."""
+    known = _MATCHES.setdefault(pattern, {})
+    out = []
+    for i, n in enumerate(names):
+        v = known.get(n)
+        if v is None:
+            v = known[n] = pattern.match(n) is not None
+        if v:
+            out.append(i)
+    return out
 
 
 def _union(starts: Iterable[float], ends: Iterable[float]) -> list[tuple[float, float]]:
