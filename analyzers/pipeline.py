@@ -6,7 +6,6 @@ back. Everything that is missing or odd becomes a notice, never an exception.
 from __future__ import annotations
 
 import json
-
 import re
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
@@ -17,8 +16,8 @@ from pardiag import rundir
 from pardiag.analysis import Analysis, GpuTime, Notice, RankResult, StepTime
 from pardiag.analyzers.collectives import clock_offsets, end_times, match
 from pardiag.analyzers.groups import process_groups
-from pardiag.analyzers.rank_trace import RankTrace, analyze_rank_trace
 from pardiag.analyzers import trace_parallel
+from pardiag.analyzers.rank_trace import RankTrace, analyze_rank_trace
 from pardiag.analyzers.steps import step_stats
 from pardiag.analyzers.stragglers import RankEvidence, find_stragglers, step_tiles, step_waits
 from pardiag.analyzers.trace import is_merged_export, trace_head
