@@ -470,7 +470,7 @@ class _RankBuilder:
         sel = sel[np.argsort(g.ts_us[sel], kind="stable")]
         by_corr: dict[int, int] = {}
         pending = dict(self.device_calls)
-        is_gemm = _gemm_names(t.names)  # per name, once: not a search per kernel
+        is_gemm = set(_ids(t.names, GEMM))  # per name, once: not a search per kernel (GEMM is anchored)
         comm_kind, compute_kind = int(KernelKind.COMMUNICATION), int(KernelKind.COMPUTATION)
         names = t.names
         for s, dur, stream_no, nid_name, kind, corr in zip(
@@ -486,7 +486,7 @@ class _RankBuilder:
             else:
                 phase = "comm" if kind == comm_kind else ("compute" if kind == compute_kind else "memory")
                 nid = self.add(KERNEL, stream, phase, s, s + dur, name=names[nid_name],
-                               gemm=dur if phase == "compute" and is_gemm[nid_name] else 0.0)
+                               gemm=dur if phase == "compute" and nid_name in is_gemm else 0.0)
             if corr >= 0:
                 by_corr[corr] = nid
         for c, k in pending.values():  # no kernel found at its start: a local op of its measured length
@@ -995,21 +995,6 @@ def _packs(calls: Sequence[int], nodes: Sequence[Node], cap_bytes: int, issued_a
     if pack:
         packs.append(pack)
     return packs
-
-
-_GEMM_BY_NAME: dict[str, bool] = {}
-
-
-def _gemm_names(names: Sequence[str]) -> list[bool]:
-    """Per name id, whether the kernel is a matrix multiply or convolution (`GEMM`),
-    each distinct name searched once per process (a job's ranks share their names)."""
-    out = []
-    for n in names:
-        v = _GEMM_BY_NAME.get(n)
-        if v is None:
-            v = _GEMM_BY_NAME[n] = bool(GEMM.search(n))
-        out.append(v)
-    return out
 
 
 def _fetches(nodes: list[Node], ids: list[int]) -> list[list[int]]:
