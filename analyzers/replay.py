@@ -907,10 +907,13 @@ def _apply(model: Model, edits: Sequence[Edit], skip_sync: bool = False) -> _App
             theirs = [_phase_totals(model, p) for p in peers]
             mine_at = _phase_totals_by_step(model, ed.rank)
             theirs_at = [_phase_totals_by_step(model, p) for p in peers]
+            late = _late_phases(model, ed.rank, mine, theirs)
             for i, n in enumerate(nodes):
                 if n.rank != ed.rank or n.kind in (COLL, WAIT):
                     continue
                 ph = (n.kind, n.phase)
+                if ph not in late:
+                    continue
                 at = (n.step, n.kind, n.phase)
                 if n.step is not None and mine_at.get(at, 0.0) > 0 and all(n.step in t[None] for t in theirs_at):
                     dur[i] *= statistics.median(t.get(at, 0.0) for t in theirs_at) / mine_at[at]
@@ -1006,6 +1009,26 @@ def _fetches(nodes: list[Node], ids: list[int]) -> list[list[int]]:
         else:
             out.append([i])
     return out
+
+
+STRAGGLER_PHASE_SHARE = 0.05
+"""A straggler's phase (host gaps, forward, backward, ...) is set to its peers' when its
+excess over their median, over the window, is at least this share of the straggler's
+window: the phases that made it late. The others keep their measured durations and
+their step-to-step variation: copied from a peer they would move in lock-step with it,
+and the edited step would miss what waiting for the later of two noisy ranks costs (on
+the 2-rank sleep job, 12.4 ms replayed against 15.0 ms run without the sleep)."""
+
+
+def _late_phases(model: Model, rank: int, mine: Mapping[tuple[str, str], float],
+                 theirs: Sequence[Mapping[tuple[str, str], float]]) -> set[tuple[str, str]]:
+    """The (kind, phase) pairs of ``rank`` that ``STRAGGLER_PHASE_SHARE`` counts as late;
+    every phase where none is (many small excesses: a slower host)."""
+    window = sum(model.measured_steps.get(rank, {}).values())
+    excess = {ph: v - statistics.median(t.get(ph, 0.0) for t in theirs) for ph, v in mine.items()
+              if ph[0] not in (COLL, WAIT)}
+    late = {ph for ph, x in excess.items() if window > 0 and x >= STRAGGLER_PHASE_SHARE * window}
+    return late or set(excess)
 
 
 def _phase_totals(model: Model, rank: int) -> dict[tuple[str, str], float]:

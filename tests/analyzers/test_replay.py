@@ -56,6 +56,25 @@ def test_removing_the_late_ranks_sleep_removes_the_others_wait(late_rank) -> Non
     assert res.each[0].saving == pytest.approx(300 / 2830)
 
 
+def test_a_straggler_keeps_the_phases_that_did_not_make_it_late(tmp_path: Path) -> None:
+    # rank 1 sleeps 300 us and its backward takes 1250 us, 50 us more than rank 0's.
+    # It calls the all-reduce at 300 + 2250 = 2550, arrives 2560, done 2760, wakes 2780,
+    # steps 2880 us. Only the sleep is late (300 us >= 5% of 2880; 50 us is not): without
+    # it rank 1 arrives at 2260, both finish at 2460, wake 2480, optimizer to 2580. Copying
+    # rank 0's backward too would move the two ranks in lock-step (2530)
+    rank1 = gloo_replay_rank(300, 2560, 2760)
+    for e in rank1:
+        if str(e["name"]).endswith("AddmmBackward0"):
+            e["dur"] = 1250.0
+        elif e["name"] == "c10d::allreduce_":
+            e["ts"] = float(e["ts"]) + 50  # type: ignore[arg-type]
+    m = _model(tmp_path, gloo_replay_rank(0, 2210, 2760), rank1)
+    assert replay(m).replayed_steps[1][1] == pytest.approx(2880.0)
+    r = replay(m, [Straggler(1)])
+    assert r.replayed_steps[0][1] == pytest.approx(2580.0)
+    assert r.replayed_steps[1][1] == pytest.approx(2580.0)
+
+
 def test_collectives_at_transfer_time_do_not_fix_a_late_rank(late_rank) -> None:  # type: ignore[no-untyped-def]
     # nobody waits: rank 0 is done at 2210 + 200 + 20 + 100 = 2530, but rank 1 still
     # arrives at 2510 and ends at 2830: the job moves at rank 1's pace
