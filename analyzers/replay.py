@@ -742,11 +742,13 @@ def build_model(traces: Mapping[int, Trace], incomplete: Iterable[int] = (),
     # per collective node: the last member's arrival, and the quickest member's end after it
     last_arrival: dict[int, float] = {}
     post: dict[int, float] = {}
-    for i, n in enumerate(nodes):
-        if n.kind == COLL:
+    for i, n in enumerate(nodes):  # once per group: a group's members share the figures
+        if n.kind == COLL and i not in last_arrival:
             ids = model.groups.get(n.key, [i]) if n.key is not None else [i]
-            last_arrival[i] = max(nodes[m].measured_start for m in ids)
-            post[i] = max(min(nodes[m].measured_end for m in ids) - last_arrival[i], 0.0)
+            arrived = max(nodes[m].measured_start for m in ids)
+            first_end = max(min(nodes[m].measured_end for m in ids) - arrived, 0.0)
+            for m in ids:
+                last_arrival[m], post[m] = arrived, first_end
     for b in builders:
         b.waits(last_arrival, post)
     # a collective is complete at the first sign of it on any member: an annotation's end
@@ -756,12 +758,16 @@ def build_model(traces: Mapping[int, Trace], incomplete: Iterable[int] = (),
         if n.kind == WAIT and nodes[n.deps[0]].kind == COLL:
             d = n.deps[0]
             woken[d] = min(woken.get(d, math.inf), n.measured_end)
+    settled: set[int] = set()
     for i, n in enumerate(nodes):
-        if n.kind == COLL:
+        if n.kind == COLL and i not in settled:
             ids = model.groups.get(n.key, [i]) if n.key is not None else [i]
             done = min([nodes[m].measured_end for m in ids] + [woken.get(m, math.inf) for m in ids])
-            n.done = max(done, last_arrival[i])
-            n.transfer = n.dur = n.done - last_arrival[i]
+            for m in ids:
+                nm = nodes[m]
+                nm.done = max(done, last_arrival[m])
+                nm.transfer = nm.dur = nm.done - last_arrival[m]
+                settled.add(m)
     # a wait that ends long after the collective it was matched to completed (its worker
     # closed the annotation late) waited for the rank's collective that completed last
     # before it ended: the loop waits for DDP's buckets one after another
@@ -1327,16 +1333,17 @@ def load_run(path: str) -> Model:
 def model_of(found: Sequence[tuple[int, object, bool]]) -> Model:
     """The model of the given (rank, trace path, complete) traces. Raises ``UserError``
     for an unreadable trace."""
-    from pardiag.analyzers.trace import TraceError, load_trace, trace_head
+    from pardiag.analyzers.trace import TraceError, gc_paused, trace_head
     from pardiag.errors import UserError
 
-    try:
-        traces = _load_all([(r, p) for r, p, _ in found])
-    except TraceError as exc:
-        raise UserError(str(exc)) from None
-    hosts = {r: _host_of(trace_head(p)) for r, p, _ in found}  # type: ignore[arg-type]
-    return build_model(traces, incomplete=[r for r, _, complete in found if not complete],
-                       hosts=hosts if all(hosts.values()) else None)
+    with gc_paused():
+        try:
+            traces = _load_all([(r, p) for r, p, _ in found])
+        except TraceError as exc:
+            raise UserError(str(exc)) from None
+        hosts = {r: _host_of(trace_head(p)) for r, p, _ in found}  # type: ignore[arg-type]
+        return build_model(traces, incomplete=[r for r, _, complete in found if not complete],
+                           hosts=hosts if all(hosts.values()) else None)
 
 
 def _load_all(found: Sequence[tuple[int, object]]) -> dict[int, Trace]:

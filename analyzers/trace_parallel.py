@@ -113,7 +113,7 @@ def _part_of(ex: tr._Extractor) -> _Part:
 
 def _decode_block(block: bytes | bytearray, python_functions: bool) -> _Part | None:
     """In a worker: one block's events as a part; None when the block does not decode."""
-    with tr._gc_paused():
+    with tr.gc_paused():
         events = tr._decode_events(block)
         if events is None:
             return None
@@ -176,7 +176,7 @@ def load_parallel(path: Path, workers: int, python_functions: bool = False,
     tail = tr._Extractor(python_functions)  # the last events, decoded here
     futures: list[Future[_Part | None]] = []
     ctx = multiprocessing.get_context("fork")
-    with tr._errors_as_trace_error(path), tr._gc_paused(), warnings.catch_warnings():
+    with tr._errors_as_trace_error(path), tr.gc_paused(), warnings.catch_warnings():
         # Python 3.12+ warns of forking a process with threads; see can_fork
         warnings.filterwarnings("ignore", message=".*fork.*", category=DeprecationWarning)
         try:
