@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from pardiag.analyzers.collectives import _key, clock_offsets, end_times
 from pardiag.analyzers.kernels import KernelKind, event_kinds
@@ -375,25 +376,31 @@ def _union(starts: Iterable[float], ends: Iterable[float]) -> list[tuple[float, 
     return out
 
 
-def _covered(ivs: list[tuple[float, float]], starts: list[float], cum: list[float], a: float, b: float) -> float:
-    """How much of [a, b] the sorted, disjoint intervals ``ivs`` cover (``cum``: their
-    running total lengths)."""
-    i = bisect.bisect_right(starts, a) - 1
-    j = bisect.bisect_left(starts, b)
-    if i < 0:
-        i = 0
-    total = cum[j] - cum[i]  # whole intervals i..j-1
-    if i < j:
-        s0, e0 = ivs[i]
-        total -= max(0.0, min(e0, a) - s0)  # the part of the first before a
-        s1, e1 = ivs[j - 1]
-        total -= max(0.0, e1 - max(s1, b))  # the part of the last after b
-    return max(total, 0.0)
+def _inside_all(ivs: list[tuple[float, float]], t: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_]:
+    """For each of the times ``t``, whether it lies inside one of the sorted, disjoint
+    intervals ``ivs`` (start included, end not)."""
+    if not ivs:
+        return np.zeros(len(t), dtype=bool)
+    st = np.array([x for x, _ in ivs], dtype=np.float64)
+    en = np.array([y for _, y in ivs], dtype=np.float64)
+    i = np.searchsorted(st, t, "right") - 1
+    ic = np.maximum(i, 0)
+    return (i >= 0) & (st[ic] <= t) & (t < en[ic])
 
 
-def _inside(ivs: list[tuple[float, float]], starts: list[float], t: float) -> bool:
-    i = bisect.bisect_right(starts, t) - 1
-    return i >= 0 and ivs[i][0] <= t < ivs[i][1]
+def _covered_all(ivs: list[tuple[float, float]], cum: list[float], a: npt.NDArray[np.float64],
+                 b: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """For each segment [a, b], how much of it the sorted, disjoint intervals ``ivs``
+    cover (``cum``: their running total lengths, from 0)."""
+    st = np.array([x for x, _ in ivs], dtype=np.float64)
+    en = np.array([y for _, y in ivs], dtype=np.float64)
+    c = np.asarray(cum, dtype=np.float64)
+    i = np.maximum(np.searchsorted(st, a, "right") - 1, 0)
+    j = np.searchsorted(st, b, "left")
+    total = c[j] - c[i]
+    last = np.maximum(j - 1, 0)
+    inner = (total - np.maximum(0.0, np.minimum(en[i], a) - st[i])) - np.maximum(0.0, en[last] - np.maximum(st[last], b))
+    return np.maximum(np.where(i < j, inner, total), 0.0)
 
 
 class _RankBuilder:
@@ -404,12 +411,26 @@ class _RankBuilder:
         self.m, self.rank, self.t, self.steps, self.main = model, rank, trace, steps, main_tid
         self.calls, self.off = calls, offset
         self.window = (steps[0].start_us, steps[-1].end_us)
+        self._stream_ids: dict[str, list[int]] = {}
 
     def add(self, kind: str, stream: str, phase: str, s: float, e: float, **kw: object) -> int:
-        nid = len(self.m.nodes)
-        self.m.nodes.append(Node(self.rank, stream, kind, phase, max(e - s, 0.0), s - self.off, e - self.off,
-                                 **kw))  # type: ignore[arg-type]
-        self.m.streams.setdefault((self.rank, stream), []).append(nid)
+        return self._append(stream, Node(self.rank, stream, kind, phase, max(e - s, 0.0), s - self.off,
+                                         e - self.off, **kw))  # type: ignore[arg-type]
+
+    def add_host(self, kind: str, stream: str, phase: str, s: float, e: float, step: int | None,
+                 gemm: float, reducer: float) -> int:
+        """``add`` for a host segment, its arguments in Node's order (millions of calls)."""
+        return self._append(stream, Node(self.rank, stream, kind, phase, max(e - s, 0.0), s - self.off,
+                                         e - self.off, [], 0.0, None, None, None, None, "", step, gemm, reducer))
+
+    def _append(self, stream: str, node: Node) -> int:
+        nodes = self.m.nodes
+        nid = len(nodes)
+        nodes.append(node)
+        ids = self._stream_ids.get(stream)
+        if ids is None:
+            ids = self._stream_ids[stream] = self.m.streams.setdefault((self.rank, stream), [])
+        ids.append(nid)
         return nid
 
     def build(self) -> None:
@@ -509,11 +530,9 @@ class _RankBuilder:
         busy = _union(s[not_step].tolist(), e[not_step].tolist())
         gm = np.isin(nid, _ids(names, CPU_GEMM)) if not len(t.gpu) else np.zeros(len(nid), bool)
         gemm_ivs = _union(s[gm].tolist(), e[gm].tolist())
-        gemm_starts = [a for a, _ in gemm_ivs]
         gemm_cum = np.concatenate([[0.0], np.cumsum([b - a for a, b in gemm_ivs])]).tolist()
         rm = np.isin(nid, _ids(names, DDP_REDUCER))
         red_ivs = _union(s[rm].tolist(), e[rm].tolist())
-        red_starts = [a for a, _ in red_ivs]
         red_cum = np.concatenate([[0.0], np.cumsum([b - a for a, b in red_ivs])]).tolist()
         layers = []
         for pat in (DATALOADER, OPTIMIZER, BACKWARD):
@@ -550,37 +569,36 @@ class _RankBuilder:
         for c, ts in zip(L.correlation[lmask].tolist(), launch_at):
             if c in kernel_nodes:
                 cuts.add(ts)
-        cuts_l = sorted(c for c in cuts if lo <= c <= hi)
-        busy_starts = [a for a, _ in busy]
-        sync_starts = [a for a, _ in self.sync_ivs]
-        step_starts = [sp.start_us for sp in steps]
+        cut = np.array(sorted(c for c in cuts if lo <= c <= hi), dtype=np.float64)
+        a, b = cut[:-1], cut[1:]  # the segments (the cuts are distinct: each has b > a)
+        mid = (a + b) / 2
+        j = np.searchsorted(np.array([sp.start_us for sp in steps], dtype=np.float64), mid, "right") - 1
+        jc = np.maximum(j, 0)
+        step_of = np.array([sp.step for sp in steps] or [0], dtype=np.int64)[jc if len(steps) else 0 * jc]
+        # phase: dataloader, optimizer, backward, then forward before the step's last
+        # backward operator (or outside any step) and other after it; a gap is "host"
+        after_bwd = np.array(last_bwd or [0.0], dtype=np.float64)[jc if len(steps) else 0 * jc]
+        phase = np.select([_inside_all(layers[0][0], mid), _inside_all(layers[1][0], mid),
+                           _inside_all(layers[2][0], mid), (j < 0) | (mid < after_bwd)], [0, 1, 2, 3], 4)
+        work = _inside_all(busy, mid)
+        phase[~work] = 5
+        kind = np.where(work, 0, 1)  # WORK, GAP; SYNC (2) over both on the loop's thread
+        if stream == "host":
+            kind[_inside_all(self.sync_ivs, mid)] = 2
+        is_work = kind == 0
+        gemm = np.where(is_work, _covered_all(gemm_ivs, gemm_cum, a, b), 0.0) if gemm_ivs else np.zeros(len(a))
+        reducer = np.where(is_work, _covered_all(red_ivs, red_cum, a, b), 0.0) if red_ivs else np.zeros(len(a))
+        kinds, phases = (WORK, GAP, SYNC), ("dataloader", "optimizer", "backward", "forward", "other", "host")
         first_of_step: dict[int, int] = {}
-        for a, b in zip(cuts_l, cuts_l[1:]):
-            if b <= a:
-                continue
-            mid = (a + b) / 2
-            j = bisect.bisect_right(step_starts, mid) - 1
-            step = steps[j].step if j >= 0 else None
-            if not _inside(busy, busy_starts, mid):
-                kind, phase = GAP, "host"
-            else:
-                kind = WORK
-                phase = ("dataloader" if _inside(*layers[0], mid) else "optimizer" if _inside(*layers[1], mid)
-                         else "backward" if _inside(*layers[2], mid)
-                         else "forward" if j < 0 or mid < last_bwd[j] else "other")
-            if stream == "host" and _inside(self.sync_ivs, sync_starts, mid):
-                kind = SYNC
-            extra: dict[str, object] = {}
-            if kind == WORK:
-                if gemm_ivs:
-                    extra["gemm"] = _covered(gemm_ivs, gemm_starts, gemm_cum, a, b)
-                if red_ivs:
-                    extra["reducer"] = _covered(red_ivs, red_starts, red_cum, a, b)
-            n = self.add(kind, stream, phase, a, b, step=step, **extra)
-            if step is not None and step not in first_of_step:
-                first_of_step[step] = n
-            if kind != GAP:
-                self.host_ends.append((b, n, stream))
+        with_step = (j >= 0).tolist()
+        add, ends = self.add_host, self.host_ends
+        for k, ph, s0, e0, st, has, g, rd in zip(kind.tolist(), phase.tolist(), a.tolist(), b.tolist(),
+                                                  step_of.tolist(), with_step, gemm.tolist(), reducer.tolist()):
+            n = add(kinds[k], stream, phases[ph], s0, e0, st if has else None, g, rd)
+            if has and st not in first_of_step:
+                first_of_step[st] = n
+            if k != 1:
+                ends.append((e0, n, stream))
         if stream == "host":
             self.m.steps[self.rank] = sorted(first_of_step.items())
             self.m.window_end[self.rank] = self.m.streams[(self.rank, "host")][-1]
