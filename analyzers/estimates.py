@@ -56,7 +56,7 @@ from pardiag.analyzers import replay as rp
 from pardiag.analyzers.levers import (
     CPU_BF16_SPEEDUP, GRADIENT_ACCUMULATION_STEPS, PRECISION_SPEEDUP, SAVING_LOW, rank_key)
 from pardiag.analyzers.steps import job_step_times_us
-from pardiag.step_records import StepRecord, counted
+from pardiag.step_records import StepRecord, counted, signal
 
 WINDOW_UNLIKE = 1.5
 """A window whose median step is more than this many times the job's median step (or less
@@ -102,11 +102,65 @@ class Inputs:
 
 @dataclass(frozen=True)
 class Plan:
-    """One finding's change as replay edits."""
+    """One finding's change as replay edits; ``cause``: the step signal (steps.jsonl)
+    that times what the change removes on the ``ranks`` it names, on every step (a
+    garbage-collection straggler: its ``gc`` pauses), when there is one."""
 
     edits: tuple[rp.Edit, ...]
     words: tuple[str, ...]
     factors: tuple[Factor, ...]
+    cause: str | None = None
+    ranks: tuple[int, ...] = ()
+
+
+CAUSE_SIGNALS: dict[str, str] = {"garbage_collection": "gc"}
+"""Levers whose cause a step signal times on every step, profiled or not (the straggler's
+pauses: ``gc_us``). The window is a few steps: what the change removes there is scaled
+to the cause's size over the job's counted steps (``cause_scale``)."""
+
+CAUSE_SCALE_MAX = 2.0
+"""The most a window's removed time is scaled by a cause measured on every step (and the
+least, its inverse): beyond it the window is not like the rest of the job."""
+
+
+def cause_scale(records: Mapping[int, Sequence[StepRecord]], name: str,
+                ranks: Sequence[int]) -> tuple[float, str] | None:
+    """How much larger the cause is over the job's counted steps than in the profiled
+    window, and how that was measured, from signal ``name`` per step (steps.jsonl): per step,
+    the ``ranks``' largest value less the other ranks' median (what the straggler has
+    that its peers do not), its median over the counted steps against its median over
+    the window's steps (``profiler`` "active"). None when either is not measured or the
+    window's is not positive. A garbage-collection straggler's profiled window was its
+    3 steps 7-9, whose pauses (median 203.6 and 204.6 ms in two recordings) were
+    shorter than over the job's counted steps (208.3 and 221.1 ms): the pauses grew as
+    the job ran, and a saving taken off the job's step from the window alone fell 3.5
+    and 7.9 points short of the one measured with the fix applied."""
+    if not records or not ranks:
+        return None
+    by_rank = {r: {rec.step: rec for rec in recs} for r, recs in records.items()}
+    peers = [r for r in by_rank if r not in ranks]
+
+    def excess(step: int) -> float | None:
+        mine = [v for r in ranks if (rec := by_rank.get(r, {}).get(step)) is not None
+                and (v := rec.get(name)) is not None]
+        theirs = [v for r in peers if (rec := by_rank[r].get(step)) is not None and (v := rec.get(name)) is not None]
+        if not mine or (peers and not theirs):
+            return None
+        return max(mine) - (statistics.median(theirs) if theirs else 0.0)
+
+    lead = by_rank.get(ranks[0], {})
+    window = [v for st, rec in lead.items() if rec.profiler == "active" and (v := excess(st)) is not None]
+    job = [v for st, rec in lead.items() if counted(rec) and (v := excess(st)) is not None]
+    if not window or not job:
+        return None
+    w, j = statistics.median(window), statistics.median(job)
+    if w <= 0 or j <= 0:
+        return None
+    scale = min(max(j / w, 1 / CAUSE_SCALE_MAX), CAUSE_SCALE_MAX)
+    words = (f"steps.jsonl {signal(name).key} of rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} "
+             f"over {'their' if len(ranks) > 1 else 'its'} peers': median {j / 1e3:.1f} ms over {len(job)} counted "
+             f"steps, {w / 1e3:.1f} ms over the window's {len(window)}")
+    return scale, words
 
 
 # ------------------------------------------------------------------------------ factors
@@ -138,7 +192,8 @@ def plan(f: Finding, a: Analysis, inputs: Inputs) -> Plan | None:
             and set(f.ranks) <= {s.rank for s in a.stragglers}:
         # a straggler of the whole run (not one that started after the window: the window cannot show it)
         return Plan(tuple(rp.Straggler(r) for r in f.ranks),
-                    tuple(f"rank {r}'s operations at its peers' median" for r in f.ranks), ())
+                    tuple(f"rank {r}'s operations at its peers' median" for r in f.ranks), (),
+                    CAUSE_SIGNALS.get(lever), tuple(f.ranks))
     if lever == "dataloader" and f.est_saving_pct is not None:
         w = _advised(f, "num_workers")
         if isinstance(w, int) and w > 0:
@@ -238,18 +293,24 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
     cpu = cpu_floor_inputs(a, inputs.step_records) if own_step else None
     floors: list[str] = []
 
-    def saving(edits: Sequence[rp.Edit]) -> tuple[float, float]:
-        """(saving, the edited window's step: the median one less the time removed)."""
+    def saving(edits: Sequence[rp.Edit], scale: float = 1.0, extra_us: float = 0.0) -> tuple[float, float, float]:
+        """(saving, the edited window's step: the median one less the time removed, the
+        time removed from the window). ``scale``: of the time removed (a cause measured
+        larger or smaller over the job than in the window); ``extra_us``: added to it
+        (the scaling of each finding, for all of them at once)."""
         edited = job_steps(rp.replay(model, edits))
-        removed = statistics.median(base_steps[k] - edited.get(k, base_steps[k]) for k in base_steps)
+        in_window = statistics.median(base_steps[k] - edited.get(k, base_steps[k]) for k in base_steps)
+        removed = in_window * scale + extra_us
         floor = cpu.floor_us(edits) if cpu is not None else None
         if cpu is not None and floor is not None and u - removed < floor:
             floors.append(cpu.words(floor, u - removed))
             removed = u - floor
-        return (min(max(0.0, removed / u), 1.0) if u > 0 else 0.0), b - removed
+        # (the window's projection: the time removed there, before the scaling)
+        return (min(max(0.0, removed / u), 1.0) if u > 0 else 0.0), b - (removed - extra_us) / scale, in_window
 
     findings: list[Finding] = []
     all_edits: list[rp.Edit] = []
+    all_extra = 0.0  # what the cause scaling of each finding adds to the time removed
     rows: list[WhatIfRow] = []
     for f in a.findings:
         p = plan(f, a, inputs)
@@ -257,15 +318,23 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
             findings.append(f if f.est_saving_pct is None else replace(f, estimate=_share_estimate(f, None)))
             continue
         floors.clear()
+        scaled = cause_scale(inputs.step_records, p.cause, p.ranks) if p.cause and own_step else None
+        scale = scaled[0] if scaled else 1.0
         try:
-            s, e = saving(p.edits)
+            s, e, in_window = saving(p.edits, scale)
         except ValueError as exc:  # this finding's edits cannot be replayed: it alone stays share-based
             findings.append(replace(f, estimate=_share_estimate(f, f"its edits could not be replayed: {exc}")))
             continue
         pct = round(100 * s, 1)
         fac = list(p.factors) + ([cpu.factor()] if floors and cpu is not None else [])
+        if scaled:
+            fac.append(Factor("the cause over the job's steps against the window's", scale, "x", scaled[1], True))
+            all_extra += in_window * (scale - 1)
         est = {"method": "replay", "saving_pct": pct, "share_saving_pct": f.est_saving_pct,
-               "replay_error_pct": err, "refused": None, "edits": list(p.words) + [basis] + floors[:1],
+               "replay_error_pct": err, "refused": None,
+               "edits": list(p.words) + [basis] + floors[:1] + (
+                   [f"the time it removes from the window ({in_window / 1e3:.1f} ms per step) scaled by {scale:.3g}: "
+                    f"{scaled[1]}"] if scaled else []),
                "factors": [x.to_dict() for x in fac],
                "window_step_us": round(b, 1), "projected_window_step_us": round(e, 1),
                "job_step_us": round(u, 1)}
@@ -279,7 +348,7 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
     together: float | None = None
     if all_edits and job_step > 0:
         try:
-            together, _ = saving(all_edits)
+            together, _, _ = saving(all_edits, extra_us=all_extra)
         except ValueError:  # every edit alone replays, but not all at once: no replayed total
             together = None
     if together is not None:

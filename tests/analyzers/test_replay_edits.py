@@ -219,6 +219,46 @@ def test_the_saving_is_the_time_removed_taken_off_the_jobs_step(tmp_path: Path) 
     assert out.findings[0].est_saving_pct == pytest.approx(round(100 * 300 / 2830, 1))
 
 
+def _gc_records(window_gc: float, job_gc: float) -> dict[int, list[StepRecord]]:
+    """Rank 1 pauses for garbage collection (rank 0 never does): ``window_gc`` us in the
+    profiled window's step, ``job_gc`` in each of the 3 counted steps, all 3000 us long."""
+    def recs(gc_w: float, gc_j: float) -> list[StepRecord]:
+        out = [StepRecord(step=0, t_end_ns=None, dur_us=1.0, pardiag_us=0.0, signals={"gc": 0.0})]
+        out += [StepRecord(step=i, t_end_ns=None, dur_us=3000.0, pardiag_us=0.0, signals={"gc": gc_j})
+                for i in (1, 2, 3)]
+        out.append(StepRecord(step=4, t_end_ns=None, dur_us=2830.0, pardiag_us=0.0, profiler="active",
+                              signals={"gc": gc_w}))
+        return out
+
+    return {0: recs(0.0, 0.0), 1: recs(window_gc, job_gc)}
+
+
+def test_a_cause_timed_on_every_step_scales_what_the_window_removes(tmp_path: Path) -> None:
+    # rank 1's 300 us host gap in the window is its garbage collection (gc_us 300 there);
+    # over the job's counted steps it paused 450 us per step: the 300 us the replay
+    # removes from the window are 450 of the job's 3000 us step, 15.0% (10.0% unscaled)
+    m = _model(tmp_path, gloo_replay_rank(0, 2210, 2710), gloo_replay_rank(300, 2510, 2710))
+    a = _straggler_analysis()
+    gc = replace(a, findings=[replace(a.findings[0], lever="garbage_collection")])
+    out = estimates.apply(gc, estimates.Inputs(m, _gc_records(300.0, 450.0)))
+    (f,) = out.findings
+    assert f.est_saving_pct == pytest.approx(15.0)
+    assert f.estimate is not None and f.estimate["projected_window_step_us"] == pytest.approx(2530.0)
+    fac = f.estimate["factors"][-1]
+    assert fac["value"] == pytest.approx(1.5) and fac["measured"]
+    assert "median 0.5 ms over 3 counted steps, 0.3 ms over the window's 1" in fac["source"]
+    assert out.what_if is not None and out.what_if.all_saving_pct == pytest.approx(15.0)
+    # at most 2x: 1500 us per counted step (5x the window's) scales the 300 us to 600, 20.0%
+    (f,) = estimates.apply(gc, estimates.Inputs(m, _gc_records(300.0, 1500.0))).findings
+    assert f.est_saving_pct == pytest.approx(20.0)
+    # a straggler whose cause no signal times is not scaled (the records are the same)
+    (f,) = estimates.apply(a, estimates.Inputs(m, _gc_records(300.0, 450.0))).findings
+    assert f.est_saving_pct == pytest.approx(10.0) and f.estimate["factors"] == []
+    # no pause measured in the window: nothing to scale from
+    (f,) = estimates.apply(gc, estimates.Inputs(m, _gc_records(0.0, 450.0))).findings
+    assert f.est_saving_pct == pytest.approx(10.0)
+
+
 def test_without_a_model_the_estimate_stays_share_based_and_says_why() -> None:
     out = estimates.apply(_straggler_analysis(), estimates.Inputs(None, {}, why="no profiler trace"))
     (f,) = out.findings
