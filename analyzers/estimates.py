@@ -191,8 +191,11 @@ def plan(f: Finding, a: Analysis, inputs: Inputs) -> Plan | None:
     if lever in ("straggler", "host_contention", "garbage_collection", "input_imbalance") and f.ranks \
             and set(f.ranks) <= {s.rank for s in a.stragglers}:
         # a straggler of the whole run (not one that started after the window: the window cannot show it)
-        return Plan(tuple(rp.Straggler(r) for r in f.ranks),
-                    tuple(f"rank {r}'s operations at its peers' median" for r in f.ranks), (),
+        # CPU contention slows all of the rank's work: every phase, not only the late ones
+        every = lever == "host_contention"
+        return Plan(tuple(rp.Straggler(r, every_phase=every) for r in f.ranks),
+                    tuple(f"rank {r}'s operations at its peers' median" + (", in every phase" if every else "")
+                          for r in f.ranks), (),
                     CAUSE_SIGNALS.get(lever), tuple(f.ranks))
     if lever == "dataloader" and f.est_saving_pct is not None:
         w = _advised(f, "num_workers")

@@ -138,9 +138,12 @@ class Straggler:
     """A rank's operations set to its peers' median: in each step, each phase's time
     (forward, backward, optimizer, DataLoader, host gaps, ...) scaled to the peers'
     median total of that phase in that step (over the window where a step is not
-    every rank's)."""
+    every rank's). Only the phases that made it late (``STRAGGLER_PHASE_SHARE``), or
+    with ``every_phase`` all of them: a cause that slows the whole rank (a CPU it
+    shares with another process slows its every operator), not one part of its step."""
 
     rank: int
+    every_phase: bool = False
 
 
 @dataclass(frozen=True)
@@ -931,7 +934,8 @@ def _apply(model: Model, edits: Sequence[Edit], skip_sync: bool = False) -> _App
             theirs = [_phase_totals(model, p) for p in peers]
             mine_at = _phase_totals_by_step(model, ed.rank)
             theirs_at = [_phase_totals_by_step(model, p) for p in peers]
-            late = _late_phases(model, ed.rank, mine, theirs)
+            late = ({ph for ph in mine if ph[0] not in (COLL, WAIT)} if ed.every_phase
+                    else _late_phases(model, ed.rank, mine, theirs))
             for i, n in enumerate(nodes):
                 if n.rank != ed.rank or n.kind in (COLL, WAIT):
                     continue

@@ -333,8 +333,9 @@ def _judge(series: _Series, evidence: Mapping[int, RankEvidence]) -> list[Stragg
 
 CPU_AGREES = 0.5
 """A straggler slow in backward in the profiled window only, on CPUs: its training
-thread's CPU time per step over every counted step (steps.jsonl) must exceed its peers'
-median by at least this share of the extra work the window shows."""
+thread's time on a CPU or waiting for one per step over every counted step (steps.jsonl
+``cpu_us`` + ``runq_us``) must exceed its peers' median by at least this share of the
+extra work the window shows."""
 
 
 def _cpu_time_agrees(s: Straggler, evidence: Mapping[int, RankEvidence]) -> bool:
@@ -342,11 +343,16 @@ def _cpu_time_agrees(s: Straggler, evidence: Mapping[int, RankEvidence]) -> bool
     run on the training thread, so work it does over every step shows in that thread's
     CPU time (on a fp32 job on 2 cores, the profiler's 3 steps named rank 1 70.6 ms
     slower in backward while the 20 steps outside them had its CPU time 3.8 ms above
-    rank 0's). Elsewhere (GPUs), or without the CPU time, the window stands."""
+    rank 0's), and work slowed by another process on its CPU in the time the thread
+    waited to run (its run queue: a rank sharing its CPU with a spinning process ran
+    backward 17.9 ms longer than its peer in the window, at the same CPU time per step
+    as its peer, 34 ms, and 26-41 ms more in the run queue on every step). Elsewhere
+    (GPUs), or without the CPU time, the window stands."""
     ev = evidence.get(s.rank)
     if ev is None or ev.device_type != "cpu" or any(e.device_type != "cpu" for e in evidence.values()):
         return True
-    cpu = {r: [v for rec in e.step_records if counted(rec) and (v := rec.get("cpu")) is not None]
+    cpu = {r: [v + (rec.get("run_queue") or 0.0) for rec in e.step_records
+               if counted(rec) and (v := rec.get("cpu")) is not None]
            for r, e in evidence.items()}
     if any(len(v) < MIN_STEPS for v in cpu.values()):
         return True

@@ -73,6 +73,12 @@ def test_a_straggler_keeps_the_phases_that_did_not_make_it_late(tmp_path: Path) 
     r = replay(m, [Straggler(1)])
     assert r.replayed_steps[0][1] == pytest.approx(2580.0)
     assert r.replayed_steps[1][1] == pytest.approx(2580.0)
+    # a cause that slows the whole rank (CPU contention) edits every phase: its backward
+    # at rank 0's 1200 us too, the all-reduce called at 2200, arriving at 2210 with
+    # rank 0's, done 2410 (rank 0's measured 200 us transfer), wake 2430, steps 2530
+    r = replay(m, [Straggler(1, every_phase=True)])
+    assert r.replayed_steps[0][1] == pytest.approx(2530.0)
+    assert r.replayed_steps[1][1] == pytest.approx(2530.0)
 
 
 def test_collectives_at_transfer_time_do_not_fix_a_late_rank(late_rank) -> None:  # type: ignore[no-untyped-def]

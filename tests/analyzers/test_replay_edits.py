@@ -271,6 +271,10 @@ def test_straggler_plan_and_mixed_precision_factor_labels() -> None:
     a = _straggler_analysis()
     p = estimates.plan(a.findings[0], a, estimates.Inputs(None, {}))
     assert p is not None and p.edits == (Straggler(1),)
+    # CPU contention slows every phase of the rank: all of them are edited
+    busy = replace(a.findings[0], lever="host_contention")
+    p = estimates.plan(busy, a, estimates.Inputs(None, {}))
+    assert p is not None and p.edits == (Straggler(1, every_phase=True),) and "every phase" in p.words[0]
     mp = Finding(lever="mixed_precision", severity="high", title="t", evidence=[], ranks=[0, 1], est_saving_pct=30.0,
                  action={})
     assumed = estimates.plan(mp, a, estimates.Inputs(None, {}))

@@ -282,11 +282,13 @@ def test_a_rank_slow_only_while_profiled_is_no_straggler() -> None:
     assert (s.rank, s.cause) == (1, "forward")
 
 
-def _backward_window(cpu_ms: dict[int, float], device: str | None) -> dict[int, RankEvidence]:
+def _backward_window(cpu_ms: dict[int, float], device: str | None,
+                     runq_ms: dict[int, float] | None = None) -> dict[int, RankEvidence]:
     """The window of the slow-backward test above (rank 1 30 ms longer in backward over
-    its 3 profiled steps), with each rank's training-thread CPU time per step over 21
-    steps in steps.jsonl and the ranks' device."""
-    recs = {r: [replace(x, signals={**x.signals, "cpu": cpu_ms[r] * MS})
+    its 3 profiled steps), with each rank's training-thread CPU time (and run-queue wait,
+    when given) per step over 21 steps in steps.jsonl and the ranks' device."""
+    recs = {r: [replace(x, signals={**x.signals, "cpu": cpu_ms[r] * MS,
+                                    **({"run_queue": runq_ms[r] * MS} if runq_ms else {})})
                 for x in records(r, 21, data=1 * MS, fwd=10 * MS, bwd=45 * MS, opt=5 * MS)] for r in (0, 1)}
     return {r: RankEvidence(rank=r, steps_in_window=3, wait_us=(30 * MS if r == 0 else 0.0) * 3,
                             phases_us={"dataloader": 3 * MS, "forward": 30 * MS, "backward": 135 * MS,
@@ -307,3 +309,13 @@ def test_on_cpus_a_window_backward_straggler_must_show_in_the_cpu_time_of_every_
     # on a GPU the host's CPU time does not hold backward's kernels: the window stands
     (s,) = find_stragglers(_backward_window({0: 30.0, 1: 33.0}, "cuda"))
     assert (s.rank, s.cause) == (1, "backward")
+
+
+def test_on_cpus_a_window_backward_straggler_may_show_in_the_run_queue_instead() -> None:
+    # another process spins on rank 1's CPU: its backward takes 30 ms longer per step at
+    # the same CPU time as rank 0's (30 ms), the rest of it spent waiting to run. 20 ms
+    # more in the run queue than rank 0 on every step (at least half of the 30): named
+    (s,) = find_stragglers(_backward_window({0: 30.0, 1: 30.0}, "cpu", {0: 0.5, 1: 20.5}))
+    assert s.rank == 1
+    # 10 ms more (under half): the window's 3 steps alone, no straggler
+    assert find_stragglers(_backward_window({0: 30.0, 1: 30.0}, "cpu", {0: 0.5, 1: 10.5})) == []
