@@ -497,20 +497,26 @@ class _RankBuilder:
         is_gemm = set(_ids(t.names, GEMM))  # per name, once: not a search per kernel (GEMM is anchored)
         comm_kind, compute_kind = int(KernelKind.COMMUNICATION), int(KernelKind.COMPUTATION)
         names = t.names
+        stream_of: dict[int, str] = {}
+        rank, off, append = self.rank, self.off, self._append
         for s, dur, stream_no, nid_name, kind, corr in zip(
                 g.ts_us[sel].tolist(), g.dur_us[sel].tolist(), g.stream[sel].tolist(),
                 g.name_id[sel].tolist(), kinds[sel].tolist(), g.correlation[sel].tolist()):
-            stream = f"stream {stream_no}"
+            stream = stream_of.get(stream_no)
+            if stream is None:
+                stream = stream_of[stream_no] = f"stream {stream_no}"
             call = pending.pop(round(max(s, lo), 3), None) if kind == comm_kind else None
             if call is not None:
                 c, k = call
                 nid = self.add(COLL, stream, "comm", c.start_us, c.start_us + c.dur_us, key=k,
                                name=f"{c.op} {c.process_group}", step=c.step, group_size=c.group_size,
                                bytes=c.bytes)
-            else:
+            else:  # (``add``'s node, its arguments in Node's order: a kernel per call)
                 phase = "comm" if kind == comm_kind else ("compute" if kind == compute_kind else "memory")
-                nid = self.add(KERNEL, stream, phase, s, s + dur, name=names[nid_name],
-                               gemm=dur if phase == "compute" and nid_name in is_gemm else 0.0)
+                e = s + dur
+                nid = append(stream, Node(rank, stream, KERNEL, phase, max(e - s, 0.0), s - off, e - off, [], 0.0,
+                                          None, None, None, None, names[nid_name], None,
+                                          dur if phase == "compute" and nid_name in is_gemm else 0.0))
             if corr >= 0:
                 by_corr[corr] = nid
         for c, k in pending.values():  # no kernel found at its start: a local op of its measured length
@@ -573,29 +579,30 @@ class _RankBuilder:
             if c in kernel_nodes:
                 cuts.add(ts)
         cut = np.array(sorted(c for c in cuts if lo <= c <= hi), dtype=np.float64)
-        a, b = cut[:-1], cut[1:]  # the segments (the cuts are distinct: each has b > a)
-        mid = (a + b) / 2
+        seg_a, seg_b = cut[:-1], cut[1:]  # the segments (the cuts are distinct: each has b > a)
+        mid = (seg_a + seg_b) / 2
         j = np.searchsorted(np.array([sp.start_us for sp in steps], dtype=np.float64), mid, "right") - 1
         jc = np.maximum(j, 0)
         step_of = np.array([sp.step for sp in steps] or [0], dtype=np.int64)[jc if len(steps) else 0 * jc]
         # phase: dataloader, optimizer, backward, then forward before the step's last
         # backward operator (or outside any step) and other after it; a gap is "host"
         after_bwd = np.array(last_bwd or [0.0], dtype=np.float64)[jc if len(steps) else 0 * jc]
-        phase = np.select([_inside_all(layers[0][0], mid), _inside_all(layers[1][0], mid),
-                           _inside_all(layers[2][0], mid), (j < 0) | (mid < after_bwd)], [0, 1, 2, 3], 4)
+        phase_no = np.select([_inside_all(layers[0][0], mid), _inside_all(layers[1][0], mid),
+                              _inside_all(layers[2][0], mid), (j < 0) | (mid < after_bwd)],
+                             [np.int64(0), np.int64(1), np.int64(2), np.int64(3)], np.int64(4))
         work = _inside_all(busy, mid)
-        phase[~work] = 5
-        kind = np.where(work, 0, 1)  # WORK, GAP; SYNC (2) over both on the loop's thread
+        phase_no[~work] = 5
+        kind_no = np.where(work, 0, 1)  # WORK, GAP; SYNC (2) over both on the loop's thread
         if stream == "host":
-            kind[_inside_all(self.sync_ivs, mid)] = 2
-        is_work = kind == 0
-        gemm = np.where(is_work, _covered_all(gemm_ivs, gemm_cum, a, b), 0.0) if gemm_ivs else np.zeros(len(a))
-        reducer = np.where(is_work, _covered_all(red_ivs, red_cum, a, b), 0.0) if red_ivs else np.zeros(len(a))
+            kind_no[_inside_all(self.sync_ivs, mid)] = 2
+        is_work = kind_no == 0
+        gemm = np.where(is_work, _covered_all(gemm_ivs, gemm_cum, seg_a, seg_b), 0.0) if gemm_ivs else np.zeros(len(seg_a))
+        reducer = np.where(is_work, _covered_all(red_ivs, red_cum, seg_a, seg_b), 0.0) if red_ivs else np.zeros(len(seg_a))
         kinds, phases = (WORK, GAP, SYNC), ("dataloader", "optimizer", "backward", "forward", "other", "host")
         first_of_step: dict[int, int] = {}
         with_step = (j >= 0).tolist()
         add, ends = self.add_host, self.host_ends
-        for k, ph, s0, e0, st, has, g, rd in zip(kind.tolist(), phase.tolist(), a.tolist(), b.tolist(),
+        for k, ph, s0, e0, st, has, g, rd in zip(kind_no.tolist(), phase_no.tolist(), seg_a.tolist(), seg_b.tolist(),
                                                   step_of.tolist(), with_step, gemm.tolist(), reducer.tolist()):
             n = add(kinds[k], stream, phases[ph], s0, e0, st if has else None, g, rd)
             if has and st not in first_of_step:
@@ -611,33 +618,46 @@ class _RankBuilder:
         m = (t.cpu.tid == tid) & (t.cpu.ts_us == ts)
         return bool(m.any())
 
-    def _host_node_ending_at(self, ts: float) -> int | None:
-        """The host node that ends at ``ts`` (a cut), on any host stream of the rank."""
-        if not hasattr(self, "_host_ends_by_stream"):
-            self._host_ends_by_stream = [
-                ([self.m.nodes[i].measured_end + self.off for i in ids], ids)
-                for (rank, stream), ids in self.m.streams.items() if rank == self.rank and stream.startswith("host")]
-        for ends, ids in self._host_ends_by_stream:
-            j = bisect.bisect_left(ends, ts - 1e-6)
-            if j < len(ends) and abs(ends[j] - ts) < 1e-6:
-                return ids[j]
-        return None
+    def _host_nodes_ending_at(self, ts: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
+        """For each time of ``ts`` (cuts), the host node that ends there, on the first of
+        the rank's host streams that has one (-1: none)."""
+        out = np.full(len(ts), -1, dtype=np.int64)
+        nodes = self.m.nodes
+        for (rank, stream), ids in self.m.streams.items():
+            if rank != self.rank or not stream.startswith("host") or not ids:
+                continue
+            ends = np.array([nodes[i].measured_end + self.off for i in ids], dtype=np.float64)
+            j = np.searchsorted(ends, ts - 1e-6, "left")
+            jc = np.minimum(j, len(ends) - 1)
+            hit = (j < len(ends)) & (np.abs(ends[jc] - ts) < 1e-6) & (out < 0)
+            out[hit] = np.asarray(ids, dtype=np.int64)[jc[hit]]
+        return out
 
     def _wire_issue(self, coll_nodes: list[tuple[int, float | None]], kernel_nodes: dict[int, int]) -> None:
         """Each collective and kernel after the host work that issued it; the rest of
         its measured start is a delay (its stream was busy, or it was picked up late)."""
         L = self.t.launches
-        for nid, issue in coll_nodes:
-            if issue is not None:
-                h = self._host_node_ending_at(issue)
-                if h is not None:
-                    self.m.nodes[nid].deps.append(h)
-        for c, ts in zip(L.correlation.tolist(), L.ts_us.tolist()):
-            k = kernel_nodes.get(c)
-            if k is not None:
-                h = self._host_node_ending_at(ts)
-                if h is not None:
-                    self.m.nodes[k].deps.append(h)
+        nodes = self.m.nodes
+        issued = [(nid, issue) for nid, issue in coll_nodes if issue is not None]
+        # the launches of the kernels in the model, in launch order
+        corr = L.correlation
+        if kernel_nodes and len(corr):
+            keys = np.fromiter(kernel_nodes.keys(), dtype=np.int64, count=len(kernel_nodes))
+            vals = np.fromiter(kernel_nodes.values(), dtype=np.int64, count=len(kernel_nodes))
+            order = np.argsort(keys, kind="stable")
+            keys, vals = keys[order], vals[order]
+            c = np.asarray(corr, dtype=np.int64)
+            j = np.minimum(np.searchsorted(keys, c), len(keys) - 1)
+            found = keys[j] == c
+            launched = vals[j[found]].tolist()
+            launch_ts = np.asarray(L.ts_us, dtype=np.float64)[found]
+        else:
+            launched, launch_ts = [], np.zeros(0)
+        ts = np.concatenate([np.array([t for _, t in issued], dtype=np.float64), launch_ts])
+        hosts = self._host_nodes_ending_at(ts).tolist()
+        for node, h in zip([n for n, _ in issued] + launched, hosts):
+            if h >= 0:
+                nodes[node].deps.append(h)
 
     def waits(self, last_arrival: Mapping[int, float], post: Mapping[int, float]) -> None:
         """Gaps and sync calls that end just after a collective, a kernel or another
@@ -744,10 +764,12 @@ def build_model(traces: Mapping[int, Trace], incomplete: Iterable[int] = (),
                                    - sp.start_us for i, sp in enumerate(steps)}
     world = max([t.distributed.world_size or 0 for t in traces.values() if t.distributed] + [len(per_rank)])
     # collectives: matched when every rank analysed has the key with one op and one size
+    nodes = model.nodes
+    colls = [i for i, n in enumerate(nodes) if n.kind == COLL]  # (a few of millions of nodes)
     members: dict[Key, list[int]] = defaultdict(list)
-    for i, n in enumerate(model.nodes):
-        if n.kind == COLL and n.key is not None:
-            members[n.key].append(i)
+    for i in colls:
+        if (k := nodes[i].key) is not None:
+            members[k].append(i)
     for k, ids in members.items():
         ops = {model.nodes[i].name for i in ids}
         sizes = {g for i in ids if (g := model.nodes[i].group_size) is not None}
@@ -759,12 +781,12 @@ def build_model(traces: Mapping[int, Trace], incomplete: Iterable[int] = (),
         else:
             for i in ids:  # seen on one rank, or the ranks disagree: a local op of its measured length
                 model.nodes[i].key = None
-    nodes = model.nodes
     # per collective node: the last member's arrival, and the quickest member's end after it
     last_arrival: dict[int, float] = {}
     post: dict[int, float] = {}
-    for i, n in enumerate(nodes):  # once per group: a group's members share the figures
-        if n.kind == COLL and i not in last_arrival:
+    for i in colls:  # once per group: a group's members share the figures
+        n = nodes[i]
+        if i not in last_arrival:
             ids = model.groups.get(n.key, [i]) if n.key is not None else [i]
             arrived = max(nodes[m].measured_start for m in ids)
             first_end = max(min(nodes[m].measured_end for m in ids) - arrived, 0.0)
@@ -775,13 +797,15 @@ def build_model(traces: Mapping[int, Trace], incomplete: Iterable[int] = (),
     # a collective is complete at the first sign of it on any member: an annotation's end
     # or a thread it released; from the last arrival to then is its transfer time
     woken: dict[int, float] = {}
-    for n in nodes:
-        if n.kind == WAIT and nodes[n.deps[0]].kind == COLL:
+    waits = [n for n in nodes if n.kind == WAIT]
+    for n in waits:
+        if nodes[n.deps[0]].kind == COLL:
             d = n.deps[0]
             woken[d] = min(woken.get(d, math.inf), n.measured_end)
     settled: set[int] = set()
-    for i, n in enumerate(nodes):
-        if n.kind == COLL and i not in settled:
+    for i in colls:
+        n = nodes[i]
+        if i not in settled:
             ids = model.groups.get(n.key, [i]) if n.key is not None else [i]
             done = min([nodes[m].measured_end for m in ids] + [woken.get(m, math.inf) for m in ids])
             for m in ids:
@@ -793,13 +817,14 @@ def build_model(traces: Mapping[int, Trace], incomplete: Iterable[int] = (),
     # closed the annotation late) waited for the rank's collective that completed last
     # before it ended: the loop waits for DDP's buckets one after another
     done_by_rank: dict[int, list[tuple[float, int]]] = defaultdict(list)
-    for i, n in enumerate(nodes):
-        if n.kind == COLL and n.done is not None:
+    for i in colls:
+        n = nodes[i]
+        if n.done is not None:
             done_by_rank[n.rank].append((n.done, i))
     for v in done_by_rank.values():
         v.sort()
-    for n in nodes:
-        if n.kind == WAIT and nodes[n.deps[0]].kind == COLL:
+    for n in waits:
+        if nodes[n.deps[0]].kind == COLL:
             wake = n.measured_end - (nodes[n.deps[0]].done or 0.0)
             if wake > WAIT_TOL_US:
                 pool = done_by_rank[n.rank]
@@ -819,16 +844,17 @@ def build_model(traces: Mapping[int, Trace], incomplete: Iterable[int] = (),
             continue
         prev_end = model.origin[r]
         for i in ids:
-            n = model.nodes[i]
-            ready = max([prev_end] + [_measured_done(model.nodes[d]) for d in n.deps])
+            n = nodes[i]
+            ready = prev_end
+            for d in n.deps:
+                nd = nodes[d]
+                at = nd.done if nd.done is not None else nd.measured_end
+                if at > ready:
+                    ready = at
             if n.kind in (COLL, KERNEL):
                 n.delay = max(n.measured_start - ready, 0.0)
-            prev_end = _measured_done(n)
+            prev_end = n.done if n.done is not None else n.measured_end
     return model
-
-
-def _measured_done(n: Node) -> float:
-    return n.done if n.done is not None else n.measured_end
 
 
 # ------------------------------------------------------------------------------ replay
