@@ -689,9 +689,14 @@ def _open(path: Path) -> io.BufferedIOBase:
 
 
 def _pick_separator(data: bytes | bytearray) -> bytes | None:
-    """The byte string between two top-level events, as this file writes it."""
-    found = Counter(m.group() for m in _SEPARATOR.finditer(data, 0, min(len(data), 1 << 20)))
-    return found.most_common(1)[0][0] if found else None
+    """The byte string between two top-level events, as this file writes it: the most
+    common in the first 64 KB (hundreds of events; a writer uses one throughout), or in
+    the first MB when there is none there (events that long)."""
+    for limit in (1 << 16, 1 << 20):
+        found = Counter(m.group() for m in _SEPARATOR.finditer(data, 0, min(len(data), limit)))
+        if found or limit >= len(data):
+            return found.most_common(1)[0][0] if found else None
+    return None
 
 
 def _cut_and_decode(buf: bytearray, sep: bytes, ex: _Sink) -> bytearray | None:
