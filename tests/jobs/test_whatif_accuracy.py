@@ -6,8 +6,11 @@ The tolerances come from the noise measured on the machine the suite runs on (2 
 cores, shared with other jobs; gloo; 30 steps), with `whatif_accuracy.py --scenarios
 slow_rank` run 5 times (8 problem/fixed pairs): the measured saving ranged from 88.5 to
 96.1% (median job step 43-46 ms with the slow rank, 1.7-5.3 ms without: the spread is
-the fixed step under contention), a range of REPRODUCIBLE_PP points; two pairs of one
-invocation differed by up to 6.2. The estimate, which moves with the problem run it
+the fixed step under contention), a range of 7.6 points; two pairs of one invocation
+differed by up to 6.2. On 2026-12-02, on another 2-CPU host (AMD EPYC), the two pairs of
+one full-suite run differed by 9.1 (measured 81.5 and 90.6%, fixed steps up to 8.2 ms;
+the estimate's two-pair median missed by -0.8) and those of another invocation by 5.5:
+REPRODUCIBLE_PP is the largest range of two pairs measured. The estimate, which moves with the problem run it
 comes from, missed the median of two pairs by -1.9 to +1.1 points (one pair: -4.4 to
 +2.8) in those 5 invocations, and by -0.8, -0.8, -2.5, -3.8 and -5.9 in 5 more (one
 pair: down to -7.0; the last one in a clean-clone CI run, whose fixed steps ran at 1.8
@@ -35,7 +38,7 @@ import harness  # noqa: E402
 import whatif_accuracy as wa  # noqa: E402
 
 TEST_BOUND_PP = 7.5  # the two-pair median of the real pair below: above the misses measured (see the docstring)
-REPRODUCIBLE_PP = 7.6  # range of the straggler pair's measured saving over 8 recordings (docstring)
+REPRODUCIBLE_PP = 9.1  # the largest range of two straggler pairs' measured savings (docstring)
 
 
 # -- the --fix switch -------------------------------------------------------------------
