@@ -66,7 +66,8 @@ step (the time removed would otherwise be taken off a step it was never part of)
 
 @dataclass(frozen=True)
 class Factor:
-    """A number an estimate used: measured (with what was timed, where) or assumed."""
+    """A number an estimate used: measured (with what was timed, where) or assumed.
+    ``source`` says what was timed; "measured" is the renderers' word (``measured``)."""
 
     name: str
     value: float
@@ -201,7 +202,8 @@ def plan(f: Finding, a: Analysis, inputs: Inputs) -> Plan | None:
         w = _advised(f, "num_workers")
         if isinstance(w, int) and w > 0:
             h = inputs.loader
-            fac = (Factor("batch hand-over from a worker", h.us, "us", h.source, True) if h is not None else
+            fac = (Factor("batch hand-over from a worker", h.us, "us", h.source.removeprefix("measured: "), True)
+                   if h is not None else
                    Factor("batch hand-over from a worker", 0.0, "us", "assumed: not measured after the job", False))
             return Plan((rp.RemoveInputWait(workers=w, handover_us=h.us if h is not None else 0.0),),
                         (f"input loaded by {w} workers in parallel with the rest of the step"
@@ -427,7 +429,7 @@ class CpuFloor:
         h, ranks, cores = self.busiest()
         per = ", ".join(f"rank {r} {self.cpu_us[r] / 1e3:.1f} ms" for r in ranks)
         return Factor("CPU time per step", sum(self.cpu_us[r] for r in ranks), "us",
-                      f"measured: CPU time of each rank's process per step on host {h} ({per}; {cores} cores)", True)
+                      f"CPU time of each rank's process per step on host {h} ({per}; {cores} cores)", True)
 
 
 def cpu_sharing(a: Analysis, model: rp.Model) -> rp.CpuSharing | None:

@@ -174,6 +174,8 @@ def test_the_dataloader_plan_uses_the_measured_hand_over(tmp_path: Path) -> None
     p = estimates.plan(f, a, estimates.Inputs(None, {}, loader=h))
     assert p is not None and p.edits == (RemoveInputWait(workers=4, handover_us=2500.0),)
     assert [(x.name, x.value, x.measured) for x in p.factors] == [("batch hand-over from a worker", 2500.0, True)]
+    # what was timed; the renderers say "measured" (it read "measured: measured: ...")
+    assert p.factors[0].source == "a 32x256 float32 batch handed over"
     assert "handed over in 2.50 ms" in p.words[0]
     # not measured: no hand-over in the edit, and the factor says it is an assumption
     q = estimates.plan(f, a, estimates.Inputs(None, {}))
