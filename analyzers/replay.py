@@ -639,23 +639,11 @@ class _RankBuilder:
         L = self.t.launches
         nodes = self.m.nodes
         issued = [(nid, issue) for nid, issue in coll_nodes if issue is not None]
-        # the launches of the kernels in the model, in launch order
-        corr = L.correlation
-        if kernel_nodes and len(corr):
-            keys = np.fromiter(kernel_nodes.keys(), dtype=np.int64, count=len(kernel_nodes))
-            vals = np.fromiter(kernel_nodes.values(), dtype=np.int64, count=len(kernel_nodes))
-            order = np.argsort(keys, kind="stable")
-            keys, vals = keys[order], vals[order]
-            c = np.asarray(corr, dtype=np.int64)
-            j = np.minimum(np.searchsorted(keys, c), len(keys) - 1)
-            found = keys[j] == c
-            launched = vals[j[found]].tolist()
-            launch_ts = np.asarray(L.ts_us, dtype=np.float64)[found]
-        else:
-            launched, launch_ts = [], np.zeros(0)
-        ts = np.concatenate([np.array([t for _, t in issued], dtype=np.float64), launch_ts])
-        hosts = self._host_nodes_ending_at(ts).tolist()
-        for node, h in zip([n for n, _ in issued] + launched, hosts):
+        # and the launches of the kernels in the model, in launch order
+        issued += [(k, ts) for c, ts in zip(L.correlation.tolist(), L.ts_us.tolist())
+                   if (k := kernel_nodes.get(c)) is not None]
+        hosts = self._host_nodes_ending_at(np.array([t for _, t in issued], dtype=np.float64)).tolist()
+        for (node, _), h in zip(issued, hosts):
             if h >= 0:
                 nodes[node].deps.append(h)
 
@@ -960,8 +948,7 @@ def _apply(model: Model, edits: Sequence[Edit], skip_sync: bool = False) -> _App
             theirs = [_phase_totals(model, p) for p in peers]
             mine_at = _phase_totals_by_step(model, ed.rank)
             theirs_at = [_phase_totals_by_step(model, p) for p in peers]
-            late = ({ph for ph in mine if ph[0] not in (COLL, WAIT)} if ed.every_phase
-                    else _late_phases(model, ed.rank, mine, theirs))
+            late = _late_phases(model, ed.rank, mine, theirs, every=ed.every_phase)
             for i, n in enumerate(nodes):
                 if n.rank != ed.rank or n.kind in (COLL, WAIT):
                     continue
@@ -1075,12 +1062,14 @@ the 2-rank sleep job, 12.4 ms replayed against 15.0 ms run without the sleep).""
 
 
 def _late_phases(model: Model, rank: int, mine: Mapping[tuple[str, str], float],
-                 theirs: Sequence[Mapping[tuple[str, str], float]]) -> set[tuple[str, str]]:
+                 theirs: Sequence[Mapping[tuple[str, str], float]], every: bool = False) -> set[tuple[str, str]]:
     """The (kind, phase) pairs of ``rank`` that ``STRAGGLER_PHASE_SHARE`` counts as late;
-    every phase where none is (many small excesses: a slower host)."""
+    every phase where none is (many small excesses: a slower host) or with ``every``."""
     window = sum(model.measured_steps.get(rank, {}).values())
     excess = {ph: v - statistics.median(t.get(ph, 0.0) for t in theirs) for ph, v in mine.items()
               if ph[0] not in (COLL, WAIT)}
+    if every:
+        return set(excess)
     late = {ph for ph, x in excess.items() if window > 0 and x >= STRAGGLER_PHASE_SHARE * window}
     return late or set(excess)
 
