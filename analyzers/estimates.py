@@ -87,6 +87,7 @@ class GemmSpeedup:
     speedup: float
     source: str  # what was timed, where
     half: str = "bf16"  # the lower precision timed
+    followers: factors.Followers | None = None  # elementwise operators on the matmuls' outputs (CPU traces)
 
 
 @dataclass(frozen=True)
@@ -180,7 +181,8 @@ def run_factors(run: Any) -> tuple[GemmSpeedup | None, factors.CommCurve | None]
     g = factors.gemm_factor(run.root)
     if g is not None and g.speedup > 0:
         half = {"bfloat16": "bf16", "float16": "fp16"}.get(g.half_dtype, g.half_dtype)
-        gemm = GemmSpeedup(g.speedup, g.source.removeprefix("measured: "), half)
+        gemm = GemmSpeedup(g.speedup, g.source.removeprefix("measured: "), half,
+                           g.followers if g.device == "cpu" else None)
     return gemm, factors.comm_curve(run.root)
 
 
@@ -212,9 +214,18 @@ def plan(f: Finding, a: Analysis, inputs: Inputs) -> Plan | None:
     if lever == "mixed_precision":
         on_gpu = any(r.device_type == "cuda" for r in a.ranks)
         if inputs.gemm is not None:
-            fac = Factor(f"{inputs.gemm.half} GEMM speed-up", inputs.gemm.speedup, "x", inputs.gemm.source, True)
-            return Plan((rp.ScaleGemm(inputs.gemm.speedup),),
-                        (f"matrix multiplies {inputs.gemm.speedup:.2g}x faster",), (fac,))
+            g = inputs.gemm
+            fac = Factor(f"{g.half} GEMM speed-up", g.speedup, "x", g.source, True)
+            fol = g.followers
+            if fol is None or on_gpu:
+                return Plan((rp.ScaleGemm(g.speedup),), (f"matrix multiplies {g.speedup:.2g}x faster",), (fac,))
+            # the activations the matmuls feed then run in the lower precision too
+            return Plan((rp.ScaleGemm(g.speedup, follower_speedup=fol.speedup),),
+                        (f"matrix multiplies {g.speedup:.2g}x faster",
+                         f"the elementwise operators on their outputs ({fol.followers_us / 1e3:.1f} ms of the window) "
+                         f"{fol.byte_ratio:g}x faster on {1 / fol.byte_ratio:.0%} of the bytes"),
+                        (fac, Factor(f"{g.half} elementwise speed-up", fol.byte_ratio, "x",
+                                     fol.source, False)))
         if on_gpu:
             f32, t32 = PRECISION_SPEEDUP["fp32"], PRECISION_SPEEDUP["tf32"]
             return Plan((rp.ScaleGemm(f32, ("fp32",)), rp.ScaleGemm(t32, ("tf32", "unknown"))),

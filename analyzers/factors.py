@@ -69,6 +69,34 @@ class GemmRow:
     error: str | None = None  # why this shape was not timed
 
 
+BYTE_RATIO = {"bfloat16": 2.0, "float16": 2.0}
+"""float32's 4 bytes an element over the lower precision's."""
+
+
+@dataclass(frozen=True)
+class Followers:
+    """The elementwise operators a lower precision would run on half the bytes (the
+    activations right after the matrix multiplies, and their backward: gemm_shapes'
+    followers), from gemm.json's ``followers``. Not timed after the job: such an operator
+    moves each byte once, and inside a profiled step its time is mostly memory traffic
+    and the pages of its fresh output (a float32 1024x512 ReLU took 1,678 us per call in
+    a job's profiled window and 145 us alone from a warm cache; in bf16 567 and 125), so
+    a timing of it alone does not say what it saves there; its time is taken as the bytes
+    it moves, ``speedup`` the byte ratio (an assumption, labelled)."""
+
+    followers_us: float  # their time in the window (rank measured)
+    names_us: float  # every call of their operators' names in the window
+    byte_ratio: float
+    source: str
+
+    @property
+    def speedup(self) -> float:
+        """Of ALL the time in their names' operators (what the replay scales): the
+        followers' at the byte ratio, the rest as it was."""
+        gone = self.followers_us * (1 - 1 / self.byte_ratio)
+        return self.names_us / (self.names_us - gone) if self.names_us > gone >= 0 and self.names_us > 0 else 1.0
+
+
 @dataclass(frozen=True)
 class GemmFactor:
     speedup: float  # time-weighted over the timed shapes
@@ -80,6 +108,7 @@ class GemmFactor:
     rows: tuple[GemmRow, ...]
     seconds: float  # how long the measurement took
     source: str  # in words, for evidence
+    followers: Followers | None = None
 
     @property
     def timed(self) -> tuple[GemmRow, ...]:
@@ -129,9 +158,25 @@ def read_gemm(run_dir: str | Path) -> Read[GemmFactor]:
         return Read(GemmFactor(
             speedup=speedup, from_dtype=str(doc.get("from_dtype") or "float32"), half_dtype=half, device=device,
             device_name=str(doc.get("device_name") or ""), covered_share=float(doc["covered_share"]), rows=rows,
-            seconds=float(doc.get("seconds") or 0.0), source=source))
+            seconds=float(doc.get("seconds") or 0.0), source=source, followers=_followers(doc, half, short)))
     except (KeyError, TypeError, ValueError) as e:
         return Read(None, f"gemm.json: unreadable ({type(e).__name__}: {e})")
+
+
+def _followers(doc: dict[str, Any], half: str, short: str) -> Followers | None:
+    f = doc.get("followers")
+    ratio = BYTE_RATIO.get(half)
+    if not isinstance(f, dict) or ratio is None or doc.get("from_dtype", "float32") != "float32":
+        return None
+    fol, names = _opt_float(f.get("followers_us")), _opt_float(f.get("names_us"))
+    if not fol or not names or fol <= 0 or names < fol * (1 - 1e-6):
+        return None
+    names = max(names, fol)  # the two sums of one set of calls can differ in the last bit
+    ops = sorted({str(r.get("op", "")).removeprefix("aten::") for r in f.get("shapes") or [] if isinstance(r, dict)})
+    return Followers(fol, names, ratio,
+                     f"assumed: {', '.join(ops) or 'elementwise operators'} on the matrix multiplies' float32 "
+                     f"outputs ({fol / 1e3:.1f} ms of the window) run in {short} on {1 / ratio:.0%} of the bytes, "
+                     "in as much less time")
 
 
 @dataclass(frozen=True)

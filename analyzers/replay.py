@@ -47,6 +47,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pardiag.analyzers.collectives import _key, clock_offsets, end_times
+from pardiag.analyzers.gemm_shapes import FOLLOWER_NAMES
 from pardiag.analyzers.kernels import KernelKind, event_kinds
 from pardiag.analyzers.rank_trace import (
     BACKWARD, BACKEND_PREFIXES, CPU_GEMM, DATALOADER, GEMM, OPTIMIZER, SYNC_CALLS, CollectiveCall, StepSpan,
@@ -100,6 +101,7 @@ class Node:
     gemm: float = 0.0  # matrix multiplies/convolutions inside it (host work on CPU; a GEMM kernel: all)
     reducer: float = 0.0  # DDP's reducer work inside it (host work: DDP_REDUCER)
     bytes: int | None = None  # collectives: the message size, when the trace says
+    ew: float = 0.0  # host work on CPU: calls of gemm_shapes.FOLLOWER_NAMES inside it (elementwise activations)
 
 
 @dataclass
@@ -192,6 +194,9 @@ class ScaleGemm:
     speedup: float
     dtypes: tuple[str, ...] = ("fp32", "tf32", "unknown")
     ranks: tuple[int, ...] | None = None
+    follower_speedup: float = 1.0
+    """Of the host work's calls of ``gemm_shapes.FOLLOWER_NAMES`` (elementwise activations
+    that would run in the lower precision after the matrix multiplies, on a CPU)."""
 
 
 @dataclass(frozen=True)
@@ -421,10 +426,11 @@ class _RankBuilder:
                                          e - self.off, **kw))  # type: ignore[arg-type]
 
     def add_host(self, kind: str, stream: str, phase: str, s: float, e: float, step: int | None,
-                 gemm: float, reducer: float) -> int:
+                 gemm: float, reducer: float, ew: float = 0.0) -> int:
         """``add`` for a host segment, its arguments in Node's order (millions of calls)."""
         return self._append(stream, Node(self.rank, stream, kind, phase, max(e - s, 0.0), s - self.off,
-                                         e - self.off, [], 0.0, None, None, None, None, "", step, gemm, reducer))
+                                         e - self.off, [], 0.0, None, None, None, None, "", step, gemm, reducer,
+                                         None, ew))
 
     def _append(self, stream: str, node: Node) -> int:
         nodes = self.m.nodes
@@ -540,6 +546,9 @@ class _RankBuilder:
         gm = np.isin(nid, _ids(names, CPU_GEMM)) if not len(t.gpu) else np.zeros(len(nid), bool)
         gemm_ivs = _union(s[gm].tolist(), e[gm].tolist())
         gemm_cum = np.concatenate([[0.0], np.cumsum([b - a for a, b in gemm_ivs])]).tolist()
+        fm = np.isin(nid, _ids(names, FOLLOWER_NAMES)) if not len(t.gpu) else np.zeros(len(nid), bool)
+        ew_ivs = _union(s[fm].tolist(), e[fm].tolist())
+        ew_cum = np.concatenate([[0.0], np.cumsum([b - a for a, b in ew_ivs])]).tolist()
         rm = np.isin(nid, _ids(names, DDP_REDUCER))
         red_ivs = _union(s[rm].tolist(), e[rm].tolist())
         red_cum = np.concatenate([[0.0], np.cumsum([b - a for a, b in red_ivs])]).tolist()
@@ -598,13 +607,15 @@ class _RankBuilder:
         is_work = kind_no == 0
         gemm = np.where(is_work, _covered_all(gemm_ivs, gemm_cum, seg_a, seg_b), 0.0) if gemm_ivs else np.zeros(len(seg_a))
         reducer = np.where(is_work, _covered_all(red_ivs, red_cum, seg_a, seg_b), 0.0) if red_ivs else np.zeros(len(seg_a))
+        ew = np.where(is_work, _covered_all(ew_ivs, ew_cum, seg_a, seg_b), 0.0) if ew_ivs else np.zeros(len(seg_a))
         kinds, phases = (WORK, GAP, SYNC), ("dataloader", "optimizer", "backward", "forward", "other", "host")
         first_of_step: dict[int, int] = {}
         with_step = (j >= 0).tolist()
         add, ends = self.add_host, self.host_ends
-        for k, ph, s0, e0, st, has, g, rd in zip(kind_no.tolist(), phase_no.tolist(), seg_a.tolist(), seg_b.tolist(),
-                                                  step_of.tolist(), with_step, gemm.tolist(), reducer.tolist()):
-            n = add(kinds[k], stream, phases[ph], s0, e0, st if has else None, g, rd)
+        for k, ph, s0, e0, st, has, g, rd, w in zip(kind_no.tolist(), phase_no.tolist(), seg_a.tolist(),
+                                                     seg_b.tolist(), step_of.tolist(), with_step, gemm.tolist(),
+                                                     reducer.tolist(), ew.tolist()):
+            n = add(kinds[k], stream, phases[ph], s0, e0, st if has else None, g, rd, w)
             if has and st not in first_of_step:
                 first_of_step[st] = n
             if k != 1:
@@ -920,6 +931,8 @@ def _apply(model: Model, edits: Sequence[Edit], skip_sync: bool = False) -> _App
                 if n.rank in rs and n.gemm > 0 and ed.speedup > 0 and (
                         n.kind != KERNEL or gemm_dtype(n.name) in ed.dtypes):
                     dur[i] = max(dur[i] - n.gemm * (1 - 1 / ed.speedup), 0.0)
+                if n.rank in rs and n.ew > 0 and ed.follower_speedup > 0:
+                    dur[i] = max(dur[i] - n.ew * (1 - 1 / ed.follower_speedup), 0.0)
         elif isinstance(ed, Accumulate):
             accumulate = max(int(ed.k), 1)
             if skip_sync and accumulate > 1:

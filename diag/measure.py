@@ -40,6 +40,7 @@ from pardiag.analyzers import factors
 from pardiag.rank_meta import RankMeta
 
 TOP_SHAPES = 8
+FOLLOWER_ROWS = 8  # gemm.json lists the followers holding most time (all count in followers_us)
 GEMM_TIMEOUT_S = 20.0  # the whole measurement, the interpreter's start and torch's import included
 GEMM_BUDGET_S = 10.0  # of it, the timing itself
 PEAK_BUDGET_S = 2.0  # of that, the square GEMM that measures this host's peak (gemm_bench.square_gemm)
@@ -215,9 +216,20 @@ def measure_gemm(run: rundir.RunDir, rank: int, trace: Path, meta: RankMeta | No
     doc = _gemm_doc(status, reason, **base, device_name=result.get("device_name"), torch=result.get("torch"),
                     threads=result.get("threads"), from_dtype="float32", to_dtype=result.get("half_dtype"),
                     speedup=speedup, covered_share=covered, timing_s=result.get("seconds"), shapes=rows,
-                    peak=result.get("peak"))
+                    peak=result.get("peak"), followers=_followers_doc(found))
     _write(run.gemm_factor, doc)
     return doc
+
+
+def _followers_doc(found: Any) -> dict[str, Any]:
+    """The elementwise operators that would run in the lower precision after the matrix
+    multiplies that feed them (gemm_shapes' followers): their time in the window, and the
+    time of every call of their operators' names (``names_us``: what the replay can scale)."""
+    return {"names_us": float(found.follower_names_us or 0.0),
+            "followers_us": float(sum(s.trace_us for s in found.followers)),
+            "shapes": [{"op": s.op, "dims": [list(d) if d is not None else None for d in s.dims],
+                        "dtypes": list(s.dtypes), "backward": s.backward, "calls": s.calls, "trace_us": s.trace_us}
+                       for s in found.followers[:FOLLOWER_ROWS]]}
 
 
 # -- DataLoader hand-over -----------------------------------------------------------------------

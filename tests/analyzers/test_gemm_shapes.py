@@ -134,3 +134,71 @@ def test_on_a_gpu_an_operator_weighs_the_kernels_its_nest_launched(tmp_path: Pat
     assert g.timing == "device"
     assert [(s.op, s.calls, s.trace_us) for s in g.shapes] == [("aten::linear", 2, 150.0), ("aten::mm", 1, 3.0)]
     assert g.total_us == 153.0 and g.window_us == 1000
+
+
+def record_followers(path: Path, autocast: bool = False) -> None:
+    """Linear -> GELU -> Dropout -> Linear (the GELU and the dropout follow the first
+    linear), a ReLU on the raw input and one after a convolution (neither follows a
+    matrix multiply whose output dims the trace tells)."""
+    from torch import nn
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(DIM, HIDDEN), nn.GELU(), nn.Dropout(0.1), nn.Linear(HIDDEN, CLASSES))
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    x = torch.randn(BATCH, DIM, requires_grad=True)
+    img = torch.randn(2, 3, 8, 8)
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
+                 on_trace_ready=lambda p: p.export_chrome_trace(str(path)),
+                 schedule=schedule(wait=1, warmup=1, active=ACTIVE)) as p:
+        for _ in range(1 + 1 + ACTIVE):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                loss = model(x).sum() + torch.relu(x).sum() + torch.relu(conv(img)).sum()
+            loss.backward()
+            p.step()
+
+
+def _window_ops(path: Path) -> list[dict]:
+    doc = json.loads(path.read_text())
+    ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    steps = [e for e in ev if str(e.get("name", "")).startswith("ProfilerStep#")]
+    lo, hi = min(e["ts"] for e in steps), max(e["ts"] + e["dur"] for e in steps)
+    return [e for e in ev if e.get("cat") == "cpu_op" and lo <= e["ts"] < hi]
+
+
+def test_followers_are_the_activations_a_matmul_feeds_and_their_backward(tmp_path: Path) -> None:
+    from pardiag.analyzers.gemm_shapes import FOLLOWER_NAMES
+
+    path = tmp_path / "followers.json"
+    record_followers(path)
+    g = gemm_shapes(path)
+    got = {(s.op, s.backward): s for s in g.followers}
+    # (dropout's backward on a CPU is a MulBackward0's aten::mul, a name too common to scale)
+    assert set(got) == {("aten::gelu", False), ("aten::dropout", False), ("aten::gelu_backward", True)}
+    for s in got.values():
+        assert s.calls == ACTIVE and s.dims[0] == (BATCH, HIDDEN) and s.dtypes[0] == "float"
+    ops = _window_ops(path)
+    # each follower's time: its calls' durations in the trace
+    for (op, _), s in got.items():
+        assert s.trace_us == pytest.approx(sum(e["dur"] for e in ops if e["name"] == op
+                                               and e["args"]["Input Dims"][0] == [BATCH, HIDDEN]))
+    # the relus (on the raw input, after the convolution) are not followers but count in the
+    # names' time, as every call of those names; native_dropout inside dropout counts once
+    relus = [e for e in ops if e["name"] == "aten::relu"]
+    assert len(relus) == 2 * ACTIVE and not any(s.op == "aten::relu" for s in g.followers)
+    named = [e for e in ops if FOLLOWER_NAMES.match(e["name"])]
+    outer = [e for e in named if not any(o is not e and o["tid"] == e["tid"] and o["ts"] <= e["ts"]
+                                         and e["ts"] + e["dur"] <= o["ts"] + o["dur"] for o in named)]
+    assert {e["name"] for e in outer} == {"aten::gelu", "aten::dropout", "aten::gelu_backward", "aten::relu",
+                                          "aten::threshold_backward"}  # the relus' backward: no follower either
+    assert g.follower_names_us == pytest.approx(sum(e["dur"] for e in outer))
+    assert sum(s.trace_us for s in g.followers) < g.follower_names_us
+
+
+def test_under_autocast_the_activations_already_run_in_bf16_and_gain_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "amp.json"
+    record_followers(path, autocast=True)
+    g = gemm_shapes(path)
+    assert g.followers == () and g.follower_names_us > 0
+    assert any(s.dtypes[0] == "c10::BFloat16" for s in g.shapes)

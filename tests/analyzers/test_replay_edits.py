@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from pardiag.analysis import Finding
-from pardiag.analyzers import estimates
+from pardiag.analyzers import estimates, factors
 from pardiag.analyzers.replay import (
     Accumulate, RegroupBuckets, RemoveInputWait, ScaleGemm, Straggler, build_model, replay)
 from pardiag.analyzers.trace import load_trace
@@ -42,6 +42,25 @@ def test_gemm_time_inside_host_work_scaled(tmp_path: Path) -> None:
     assert r.replayed_steps[1][1] == pytest.approx(2430.0)
     # only rank 0 faster: rank 1 still arrives at 2510, the step stays 2830
     assert replay(m, [ScaleGemm(3.0, ranks=(0,))]).replayed_steps[0][1] == pytest.approx(2830.0)
+
+
+def test_elementwise_followers_inside_host_work_scaled_with_the_gemms(tmp_path: Path) -> None:
+    # as above, and a 400 us aten::relu after each addmm, 200 us of aten::threshold_backward
+    # later in the same forward (a follower's name anywhere counts: the factor is of all of
+    # them). Followers at 2x: 300 us less, GEMMs at 3x: 400 less; rank 1 then arrives at
+    # 300 + 300 + 1200 + 10 = 1810, both done at 2010, awake at 2030, optimizer to 2130
+    def rank_ev(sleep: float, arrive: float) -> list[dict[str, Any]]:
+        return gloo_replay_rank(sleep, arrive, 2710) + [
+            x("aten::addmm", sleep + 100, 600.0), x("aten::relu", sleep + 700, 400.0),
+            x("aten::clamp_min", sleep + 710, 380.0),  # nested in the relu: counted once
+            x("aten::threshold_backward", sleep + 1200, 200.0)]
+
+    m = _model(tmp_path, rank_ev(0, 2210), rank_ev(300, 2510))
+    assert sum(n.ew for n in m.nodes if n.rank == 0) == pytest.approx(600.0)
+    assert replay(m, [ScaleGemm(3.0)]).replayed_steps[0][1] == pytest.approx(2430.0)  # followers as they were
+    r = replay(m, [ScaleGemm(3.0, follower_speedup=2.0)])
+    assert r.replayed_steps[0][1] == pytest.approx(2130.0)
+    assert r.replayed_steps[1][1] == pytest.approx(2130.0)
 
 
 def test_accumulation_replays_a_synced_micro_batch_and_k_minus_1_without_sync(tmp_path: Path) -> None:
@@ -284,6 +303,13 @@ def test_straggler_plan_and_mixed_precision_factor_labels() -> None:
     measured = estimates.plan(mp, a, estimates.Inputs(None, {}, gemm=estimates.GemmSpeedup(5.5, "timed")))
     assert measured is not None and measured.edits == (ScaleGemm(5.5),)
     assert measured.factors[0].measured and measured.factors[0].value == 5.5
+    # with followers (gemm.json's): 30 of the 50 ms of relu/threshold_backward at the byte
+    # ratio, 2x: 15 ms less of 50, a speed-up of 50 / 35 of all of it, labelled assumed
+    fol = factors.Followers(30e3, 50e3, 2.0, "assumed: relu ... run in bf16 on 50% of the bytes")
+    both = estimates.plan(mp, a, estimates.Inputs(None, {}, gemm=estimates.GemmSpeedup(5.5, "timed", "bf16", fol)))
+    assert both is not None and both.edits == (ScaleGemm(5.5, follower_speedup=pytest.approx(50 / 35)),)
+    assert [(f.value, f.measured) for f in both.factors] == [(5.5, True), (2.0, False)]
+    assert both.factors[1].source.startswith("assumed: ") and "30.0 ms of the window" in both.words[1]
 
 
 def test_a_window_unlike_the_job_takes_the_saving_as_a_share_of_the_window(tmp_path: Path) -> None:

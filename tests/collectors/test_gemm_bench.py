@@ -148,3 +148,19 @@ def test_a_sigterm_while_measuring_stops_it_and_still_returns(run: rundir.RunDir
         timer.cancel()
     assert got["status"] == "failed" and got["reason"] == "interrupted"
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_the_relu_the_first_linear_feeds_is_read_back_as_a_follower(run: rundir.RunDir, measured: dict) -> None:
+    # Linear(256, 256) -> ReLU -> Linear: the ReLU and its threshold_backward run on the
+    # first linear's output; gemm.json keeps their time and every call of their names'
+    found = gemm_shapes(run.trace(0))
+    fol = measured["followers"]
+    assert {(r["op"], r["backward"]) for r in fol["shapes"]} == {("aten::relu", False),
+                                                                  ("aten::threshold_backward", True)}
+    assert fol["followers_us"] == pytest.approx(sum(s.trace_us for s in found.followers))
+    assert fol["names_us"] == pytest.approx(found.follower_names_us)
+    g = factors.gemm_factor(run.root)
+    assert g is not None and g.followers is not None and g.followers.byte_ratio == 2.0
+    f, n = fol["followers_us"], max(fol["names_us"], fol["followers_us"])
+    assert g.followers.speedup == pytest.approx(n / (n - f / 2))
+    assert g.followers.source.startswith("assumed: ") and "relu" in g.followers.source
