@@ -211,10 +211,7 @@ def gemm_shapes(path: str | Path) -> GemmShapes:
             current = None
             if start < lo or start >= hi:
                 continue
-            try:
-                a = _ARGS.decode(o.args) if len(o.args) else _Args()
-            except (msgspec.MsgspecError, ValueError):
-                a = _Args()
+            a = _decode(o.args)
             current = [kernel_us.get(a.ext, 0.0) if device and isinstance(a.ext, int) else (end - start)]
             key = _key_of(a)
             group = (o.name, *key, start < bwd_end) if key is not None else ("", None, None, None, None, False)
