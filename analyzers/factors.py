@@ -94,7 +94,7 @@ class Followers:
         """Of ALL the time in their names' operators (what the replay scales): the
         followers' at the byte ratio, the rest as it was."""
         gone = self.followers_us * (1 - 1 / self.byte_ratio)
-        return self.names_us / (self.names_us - gone) if self.names_us > gone >= 0 and self.names_us > 0 else 1.0
+        return self.names_us / (self.names_us - gone) if self.names_us > gone else 1.0
 
 
 @dataclass(frozen=True)

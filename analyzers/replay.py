@@ -411,6 +411,15 @@ def _covered_all(ivs: list[tuple[float, float]], cum: list[float], a: npt.NDArra
     return np.maximum(np.where(i < j, inner, total), 0.0)
 
 
+def _work_covered(ivs: list[tuple[float, float]], a: npt.NDArray[np.float64], b: npt.NDArray[np.float64],
+                  work: npt.NDArray[np.bool_]) -> npt.NDArray[np.float64]:
+    """Per segment [a, b): its time inside the union ``ivs`` where ``work``, else 0."""
+    if not ivs:
+        return np.zeros(len(a))
+    cum = np.concatenate([[0.0], np.cumsum([y - x for x, y in ivs])]).tolist()
+    return np.where(work, _covered_all(ivs, cum, a, b), 0.0)
+
+
 class _RankBuilder:
     """Builds one rank's streams into the shared model."""
 
@@ -543,15 +552,11 @@ class _RankBuilder:
         step_ids = _ids(names, re.compile(r"^ProfilerStep#"))
         not_step = ~np.isin(nid, step_ids)
         busy = _union(s[not_step].tolist(), e[not_step].tolist())
-        gm = np.isin(nid, _ids(names, CPU_GEMM)) if not len(t.gpu) else np.zeros(len(nid), bool)
-        gemm_ivs = _union(s[gm].tolist(), e[gm].tolist())
-        gemm_cum = np.concatenate([[0.0], np.cumsum([b - a for a, b in gemm_ivs])]).tolist()
-        fm = np.isin(nid, _ids(names, FOLLOWER_NAMES)) if not len(t.gpu) else np.zeros(len(nid), bool)
-        ew_ivs = _union(s[fm].tolist(), e[fm].tolist())
-        ew_cum = np.concatenate([[0.0], np.cumsum([b - a for a, b in ew_ivs])]).tolist()
-        rm = np.isin(nid, _ids(names, DDP_REDUCER))
-        red_ivs = _union(s[rm].tolist(), e[rm].tolist())
-        red_cum = np.concatenate([[0.0], np.cumsum([b - a for a, b in red_ivs])]).tolist()
+        # what the edits scale inside host work: GEMMs and elementwise followers (on a CPU), DDP's reducer
+        on_cpu = not len(t.gpu)
+        covers = [_union(s[m].tolist(), e[m].tolist()) for m in (
+            np.isin(nid, _ids(names, CPU_GEMM)) & on_cpu, np.isin(nid, _ids(names, FOLLOWER_NAMES)) & on_cpu,
+            np.isin(nid, _ids(names, DDP_REDUCER)))]
         layers = []
         for pat in (DATALOADER, OPTIMIZER, BACKWARD):
             m = np.isin(nid, _ids(names, pat))
@@ -605,9 +610,7 @@ class _RankBuilder:
         if stream == "host":
             kind_no[_inside_all(self.sync_ivs, mid)] = 2
         is_work = kind_no == 0
-        gemm = np.where(is_work, _covered_all(gemm_ivs, gemm_cum, seg_a, seg_b), 0.0) if gemm_ivs else np.zeros(len(seg_a))
-        reducer = np.where(is_work, _covered_all(red_ivs, red_cum, seg_a, seg_b), 0.0) if red_ivs else np.zeros(len(seg_a))
-        ew = np.where(is_work, _covered_all(ew_ivs, ew_cum, seg_a, seg_b), 0.0) if ew_ivs else np.zeros(len(seg_a))
+        gemm, ew, reducer = (_work_covered(ivs, seg_a, seg_b, is_work) for ivs in covers)
         kinds, phases = (WORK, GAP, SYNC), ("dataloader", "optimizer", "backward", "forward", "other", "host")
         first_of_step: dict[int, int] = {}
         with_step = (j >= 0).tolist()

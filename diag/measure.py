@@ -227,9 +227,7 @@ def _followers_doc(found: Any) -> dict[str, Any]:
     time of every call of their operators' names (``names_us``: what the replay can scale)."""
     return {"names_us": float(found.follower_names_us or 0.0),
             "followers_us": float(sum(s.trace_us for s in found.followers)),
-            "shapes": [{"op": s.op, "dims": [list(d) if d is not None else None for d in s.dims],
-                        "dtypes": list(s.dtypes), "backward": s.backward, "calls": s.calls, "trace_us": s.trace_us}
-                       for s in found.followers[:FOLLOWER_ROWS]]}
+            "shapes": [s.to_dict() for s in found.followers[:FOLLOWER_ROWS]]}
 
 
 # -- DataLoader hand-over -----------------------------------------------------------------------

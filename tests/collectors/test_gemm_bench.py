@@ -164,3 +164,15 @@ def test_the_relu_the_first_linear_feeds_is_read_back_as_a_follower(run: rundir.
     f, n = fol["followers_us"], max(fol["names_us"], fol["followers_us"])
     assert g.followers.speedup == pytest.approx(n / (n - f / 2))
     assert g.followers.source.startswith("assumed: ") and "relu" in g.followers.source
+
+
+def test_the_estimates_take_the_followers_from_the_run(run: rundir.RunDir, measured: dict) -> None:
+    # what `pardiag analyze` hands the mixed_precision plan: the GEMM speed-up and, on a CPU,
+    # the followers' speed-up of all the time in their names
+    from pardiag.analyzers import estimates
+
+    gemm, _ = estimates.run_factors(run)
+    assert gemm is not None and gemm.speedup == pytest.approx(measured["speedup"])
+    fol = measured["followers"]
+    f, n = fol["followers_us"], max(fol["names_us"], fol["followers_us"])
+    assert gemm.followers is not None and gemm.followers.speedup == pytest.approx(n / (n - f / 2))
