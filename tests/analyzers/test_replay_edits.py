@@ -419,3 +419,23 @@ def test_mixed_precision_is_not_advised_where_the_lower_precision_measured_slowe
     # measured faster (1.8x): it stays
     fast = estimates.apply(a, estimates.Inputs(None, {}, gemm=estimates.GemmSpeedup(1.8, "timed")))
     assert "mixed_precision" in [f.lever for f in fast.findings]
+
+
+def test_micro_batches_that_do_not_sync_skip_the_loops_work_after_the_optimizer(tmp_path: Path) -> None:
+    # as the accumulation test, with 500 us of host gap after the optimizer (the loop's own
+    # per-step work: a scheduler, logging, a sleep) before the step ends: the measured step
+    # is 3330 on both ranks. A loop that accumulates does it once per optimizer step, so the
+    # k - 1 micro-batches lose it with the optimizer: rank 0 2230, rank 1 2530 as before.
+    # Per micro-batch (k = 4): rank 0 (3330 + 3 * 2230) / 4 = 2505, rank 1
+    # (3330 + 3 * 2530) / 4 = 2730 (with the gap kept in every micro-batch: 2880 and 3105)
+    def rank_ev(sleep: float, arrive: float) -> list[dict[str, Any]]:
+        ev = gloo_replay_rank(sleep, arrive, 2710)
+        step = ev[0]
+        assert step["name"] == "ProfilerStep#1"
+        return [dict(step, dur=step["dur"] + 500.0), *ev[1:]]
+
+    m = _model(tmp_path, rank_ev(0, 2210), rank_ev(300, 2510))
+    assert replay(m).replayed_steps[0][1] == pytest.approx(3330.0)
+    r = replay(m, [Accumulate(4)])
+    assert r.replayed_steps[0][1] == pytest.approx(2505.0)
+    assert r.replayed_steps[1][1] == pytest.approx(2730.0)
