@@ -216,7 +216,8 @@ class Accumulate:
     each step of the window replayed as it is (the micro-batch that syncs) and again
     without its gradient collectives (those issued from backward: DDP's all-reduces,
     FSDP's reduce-scatters), without DDP's reducer copying gradients into its buckets and
-    back (``DDP_REDUCER``) and without the optimizer (the ``k - 1`` that do not), each
+    back (``DDP_REDUCER``) and without the optimizer and the loop's host time after it
+    (``_after_optimizer``: the ``k - 1`` that do not), each
     step's time the mean of one of the first and ``k - 1`` of the second. What waited for
     a dropped collective waits no longer, and the ranks are no longer synchronised by it."""
 
