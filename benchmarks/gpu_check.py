@@ -10,10 +10,16 @@ Runs, each with examples/train_ddp.py under `torchrun --standalone` (logs in the
   nccl    the same job under `pardiag run`
   gloo2   2 ranks, gloo on CUDA tensors, both ranks on the one GPU (NCCL refuses two ranks
           on one device): multi-rank GPU traces
-  probe   1 rank, NCCL, a loop of all_to_all (NCCL sends to and receives from itself with
-          its ncclDevKernel_SendRecv kernel) and an averaging all_reduce, under `pardiag run`.
-          With one rank NCCL launches no kernel for DDP's in-place sum all-reduce, so
-          without this run no trace would hold an ncclDevKernel_* kernel to classify.
+  probe   1 rank, NCCL, a loop of all_to_all and an averaging all_reduce, under `pardiag run`.
+          With one rank NCCL launches no kernel for DDP's in-place sum all-reduce; for
+          these it does launch work: NCCL 2.28.9 on an H200 copies with cudaMemcpy for the
+          all_to_all and runs its one-rank reduce kernel (oneRankReduce) for the average.
+          No ncclDevKernel_* runs with one rank per communicator, and NCCL refuses two
+          ranks on one GPU: on a one-GPU machine their classification stays unverified
+          (the kernels check says so and asks for the one-rank reduce kernel instead).
+  plain2, nccl2   the plain and pardiag runs again, in the reverse order: the overhead is
+          judged on both pairs pooled, so that a machine that drifts between runs does not
+          decide it (one pair on the H200 measured 1.19x, its steps 15 to 42 ms).
 
 Checks (one line each; a failed one says why):
 
@@ -29,7 +35,8 @@ Checks (one line each; a failed one says why):
                within the peak, a step-end count
   gpu vs HTA   each rank's Analysis `gpu` block equals HTA's own temporal breakdown and
                comm/compute overlap of the same trace (the comparison of
-               tests/analyzers/test_gpu_breakdown_hta.py), and gpu_breakdown() of the trace itself
+               tests/hta_reference.py, as tests/analyzers/test_gpu_breakdown_hta.py uses it), and
+               gpu_breakdown() of the trace itself
   overhead     median step time outside the profiler window (steps.jsonl) over the plain
                run's median step time, at most --max-overhead
 
@@ -42,6 +49,10 @@ pardiag run with --no-profile would not be a baseline: its hooks and sitecustomi
 Figures (versions, GPU, kernel counts by class, NVML samples, gpu block vs HTA, step-time
 ratio) are printed as a table and written as JSON to $OUT/gpu_check.json when OUT is set
 (with the run folders as gpu_check_runs.tar.gz), else to RUN_FOLDER/gpu_check.json.
+
+--evaluate DIR runs nothing: it analyses the run folders of an earlier check (the tarball,
+unpacked) again with this checkout, on any machine, and makes the same checks; a fix
+found after a GPU session can be checked on its own runs without another one.
 
 Exit codes: 0 every check passed; 1 a check failed; 2 cannot start (a missing package,
 bad arguments); 3 no NVIDIA GPU here (one line, nothing run). --cpu-dry-run runs the same
@@ -137,6 +148,7 @@ class RunSpec:
     report: bool = False
     needs_gpu: bool = True
     measure: bool = True  # the factors after the job (GEMM timing with CUDA events on a GPU)
+    model: bool = True  # trains a model (forward and backward): activations to measure
 
 
 @dataclass
@@ -353,7 +365,8 @@ def nccl_probe_worker(steps: int, backend: str) -> int:
 def run_specs(steps: int, cpu: bool) -> list[RunSpec]:
     """The jobs, most important first (a spent time budget skips the last). On a GPU the
     nccl run measures the factors after the job (its GEMMs timed with CUDA events); the
-    others, and every run of a CPU dry run, skip that (10-15 s a run of no check's)."""
+    others, and every run of a CPU dry run, skip that (10-15 s a run of no check's).
+    plain2 and nccl2 repeat the overhead pair in reverse order."""
     one = "gloo" if cpu else "nccl"
     example = (str(EXAMPLE), *(CPU_MODEL if cpu else GPU_MODEL))
     return [
@@ -362,7 +375,11 @@ def run_specs(steps: int, cpu: bool) -> list[RunSpec]:
         RunSpec("plain", 1, one, False, (*example, "--backend", one, "--steps", str(steps)), needs_gpu=False),
         RunSpec("gloo2", 2, "gloo", True, (*example, "--backend", "gloo", "--steps", "30"), measure=False),
         RunSpec("probe", 1, one, True, (str(Path(__file__).resolve()), "--nccl-probe-worker",
-                                        "--probe-backend", one, "--probe-steps", "15"), measure=False),
+                                        "--probe-backend", one, "--probe-steps", "15"), measure=False, model=False),
+        # the overhead's second pair, in the reverse order: nccl plain ... plain2 nccl2 balances a
+        # machine that drifts (one pair on the H200 saw 1.19x with 15-40 ms steps of a 16 ms job)
+        RunSpec("plain2", 1, one, False, (*example, "--backend", one, "--steps", str(steps)), needs_gpu=False),
+        RunSpec("nccl2", 1, one, True, (*example, "--backend", one, "--steps", str(steps)), measure=False),
     ]
 
 
@@ -406,9 +423,11 @@ def _last_error(log: Path) -> str:
     return f" ({errors[-1][:200]})" if errors else ""
 
 
-def analyze(run: Path, timeout: float) -> dict[str, Any]:
-    """The Analysis of a run directory, as `pardiag analyze RUN --json --hta` prints it."""
-    proc = subprocess.run([sys.executable, "-m", "pardiag", "analyze", str(run), "--json", "--hta"],
+def analyze(run: Path, timeout: float, force: bool = False) -> dict[str, Any]:
+    """The Analysis of a run directory, as `pardiag analyze RUN --json --hta` prints it
+    (with `force`, computed again rather than read from the run's analysis.json)."""
+    proc = subprocess.run([sys.executable, "-m", "pardiag", "analyze", str(run), "--json", "--hta",
+                           *(["--force"] if force else [])],
                           capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["?"])[-1]
@@ -489,8 +508,12 @@ def kernel_census(trace: Path) -> dict[str, Any]:
 
 
 def kernel_problems(census: dict[str, dict[int, dict[str, Any]]],
-                    notices: dict[str, list[str]]) -> list[str]:
-    """census: run -> rank -> kernel_census(); notices: run -> the Analysis' notice texts."""
+                    notices: dict[str, list[str]], gpus: int | None = None) -> list[str]:
+    """census: run -> rank -> kernel_census(); notices: run -> the Analysis' notice texts;
+    gpus: the GPUs this machine has (None: unknown, judged as several). On one GPU NCCL
+    gets one rank per communicator and launches no ncclDevKernel_*: it copies with
+    cudaMemcpy (all_to_all, 2.28) or runs its one-rank reduce kernel (an averaging
+    all_reduce), so there the one-rank reduce kernel stands in as the sign that NCCL ran."""
     problems = []
     for run, ranks in census.items():
         for rank, c in sorted(ranks.items()):
@@ -499,8 +522,14 @@ def kernel_problems(census: dict[str, dict[int, dict[str, Any]]],
             wrong = [n for n, per in c["nccl_kernels"].items() if set(per) != {"communication"}]
             if wrong:
                 problems.append(f"{run} rank {rank}: NCCL kernel not counted as communication: {wrong[0]}")
-    if census and not any(c["nccl_dev_kernels"] for ranks in census.values() for c in ranks.values()):
-        problems.append("no ncclDevKernel_* kernel in any trace: their classification is unverified")
+    seen = lambda key: any(c[key] for ranks in census.values() for c in ranks.values())  # noqa: E731
+    if census and not seen("nccl_dev_kernels"):
+        if gpus is not None and gpus < 2:
+            if not seen("one_rank_reduce"):
+                problems.append("no NCCL kernel in any trace: neither ncclDevKernel_* nor, as one GPU gives, "
+                                "NCCL's one-rank reduce")
+        else:
+            problems.append("no ncclDevKernel_* kernel in any trace: their classification is unverified")
     for run, texts in notices.items():
         unknown = [t for t in texts if UNKNOWN_KERNEL_NOTICE in t]
         if unknown:
@@ -544,16 +573,18 @@ def telemetry_problems(run: str, samples: dict[int, int], block: dict[str, Any])
 
 
 def _hta_reference() -> Any:
-    """The suite's HTA comparison (tests/analyzers/test_gpu_breakdown_hta.py): `_hta` runs HTA on a
-    folder of traces, `_ours` maps a trace's gpu_breakdown to HTA's names, `_compare` asserts."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    import test_gpu_breakdown_hta
+    """The suite's HTA comparison (tests/hta_reference.py): `hta_numbers` runs HTA on a
+    folder of traces, `ours` maps a trace's gpu_breakdown to HTA's names, `compare` asserts."""
+    folder = str(ROOT / "tests")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    import hta_reference
 
-    return test_gpu_breakdown_hta
+    return hta_reference
 
 
 def gpu_block_numbers(gpu: dict[str, Any]) -> dict[str, float]:
-    """An Analysis `gpu` block in HTA's terms (the names `_ours` gives a GpuBreakdown)."""
+    """An Analysis `gpu` block in HTA's terms (the names `ours` gives a GpuBreakdown)."""
     comm = gpu["comm_us"]
     return {"idle_us": gpu["idle_us"], "compute_us": gpu["compute_us"],
             "non_compute_us": gpu["span_us"] - gpu["compute_us"] - gpu["idle_us"],
@@ -588,15 +619,15 @@ def compare_with_hta(traces: dict[int, Path], blocks: dict[int, dict[str, Any] |
     previous = logging.root.manager.disable
     logging.disable(logging.WARNING)  # HTA logs every step of its parsing
     try:
-        hta = ref._hta(folder)
+        hta = ref.hta_numbers(folder)
     finally:
         logging.disable(previous)
     figures: dict[int, Any] = {}
     for name, theirs in sorted(hta.items()):
         rank = names[name]
         ours = gpu_block_numbers(blocks[rank])  # type: ignore[arg-type]
-        direct = ref._ours(traces[rank])
-        vs_hta, vs_trace = _differences(ours, theirs, ref._compare), _differences(ours, direct, ref._compare)
+        direct = ref.ours(traces[rank])
+        vs_hta, vs_trace = _differences(ours, theirs, ref.compare), _differences(ours, direct, ref.compare)
         figures[rank] = {"analysis": ours, "hta": theirs, "gpu_breakdown": direct, "equal": not (vs_hta or vs_trace)}
         if vs_hta:
             problems.append(f"rank {rank}: Analysis vs HTA: " + ", ".join(vs_hta))
@@ -634,6 +665,34 @@ def step_time_figures(pardiag_steps: list[dict[str, Any]], script_steps: list[di
     return {"plain_ms": plain, "outside_ms": outside_ms, "outside_script_ms": script_ms, "active_ms": active_ms,
             "ratio": ratio(outside_ms), "ratio_script_timer": ratio(script_ms), "active_ratio": ratio(active_ms),
             "steps": {"plain": len(plain_steps), "outside": len(outside), "active": len(active)}}
+
+
+def pooled_step_time_figures(pardiag_runs: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]],
+                             plain_runs: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """step_time_figures over several runs: the medians of every run's steps together (each
+    run split at its own window), and each pair's figures under "pairs" (i-th pardiag run
+    with the i-th plain run), so that drift between runs shows."""
+    outside: list[float] = []
+    script_outside: list[float] = []
+    active: list[float] = []
+    for steps, script in pardiag_runs:
+        o, a = overhead.split_window(steps)
+        outside, active = outside + o, active + a
+        script_outside += overhead.split_window(overhead.with_durations_from(steps, script))[0]
+    plain = [d for run in plain_runs for d in _durations(run, overhead.SKIP_FIRST)]
+    plain_ms = _median_ms(plain)
+
+    def ratio(x: float | None) -> float | None:
+        return x / plain_ms if x is not None and plain_ms else None
+
+    outside_ms, script_ms, active_ms = _median_ms(outside), _median_ms(script_outside), _median_ms(active)
+    fig: dict[str, Any] = {
+        "plain_ms": plain_ms, "outside_ms": outside_ms, "outside_script_ms": script_ms, "active_ms": active_ms,
+        "ratio": ratio(outside_ms), "ratio_script_timer": ratio(script_ms), "active_ratio": ratio(active_ms),
+        "steps": {"plain": sum(len(r) for r in plain_runs), "outside": len(outside), "active": len(active)}}
+    if len(pardiag_runs) > 1 or len(plain_runs) > 1:
+        fig["pairs"] = [step_time_figures(p[0], p[1], q) for p, q in zip(pardiag_runs, plain_runs)]
+    return fig
 
 
 def overhead_problems(fig: dict[str, Any], max_ratio: float) -> list[str]:
@@ -728,16 +787,20 @@ def check_nccl(runs: list[RunResult], expected: str | None) -> tuple[Check, Figu
     return check, figures
 
 
-def check_kernels(runs: list[RunResult]) -> tuple[Check, Figures]:
+def check_kernels(runs: list[RunResult], gpus: int | None) -> tuple[Check, Figures]:
     census = {r.spec.name: {rank: kernel_census(path) for rank, path in _traces(r).items()} for r in runs}
     notices = {r.spec.name: [n.get("message", "") for n in (r.analysis or {}).get("notices") or []] for r in runs}
-    check = Check("kernels", kernel_problems(census, notices))
+    check = Check("kernels", kernel_problems(census, notices, gpus))
     for r in runs:
         device = ((r.analysis or {}).get("run") or {}).get("device_type")
         if device != "cuda":
             check.problems.append(f"{r.spec.name}: the Analysis says device {device!r}")
     nccl_dev = sum(c["nccl_dev_kernels"] for ranks in census.values() for c in ranks.values())
+    one_rank = sum(c["one_rank_reduce"] for ranks in census.values() for c in ranks.values())
     check.detail = f"{nccl_dev} ncclDevKernel_* events, no kernel of unknown class"
+    if not nccl_dev and gpus is not None and gpus < 2:
+        check.detail += (f"; one GPU: ncclDevKernel_* unverifiable here (NCCL's one-rank reduce x{one_rank} "
+                         "instead, a computation kernel to HTA and pardiag alike)")
     return check, {"kernels": census, "notices": notices}
 
 
@@ -752,10 +815,11 @@ def check_nvml(runs: list[RunResult]) -> tuple[Check, Figures]:
     return check, figures
 
 
-def memory_problems(run: str, ranks: list[dict[str, Any]]) -> list[str]:
+def memory_problems(run: str, ranks: list[dict[str, Any]], activations: bool = True) -> list[str]:
     """Memory by category on a GPU rank: measured from the CUDA allocator (device cuda,
-    peak allocated and reserved, activations from the sampled steps, the categories
-    summing to no more than the peak)."""
+    peak allocated and reserved, activations from the sampled steps unless the run trains
+    no model (`activations` False: the probe's collectives), the categories summing to no
+    more than the peak)."""
     problems = []
     for rk in ranks:
         m, where = rk.get("memory") or {}, f"{run} rank {rk.get('rank')}"
@@ -766,7 +830,8 @@ def memory_problems(run: str, ranks: list[dict[str, Any]]) -> list[str]:
         alloc, res = m.get("allocated") or 0, m.get("reserved") or 0
         if not (0 < alloc <= res):
             problems.append(f"{where}: peak allocated {alloc} / reserved {res}")
-        if not peak.get("activations") or "sampled steps" not in (m.get("sources") or {}).get("activations", ""):
+        if activations and (not peak.get("activations")
+                            or "sampled steps" not in (m.get("sources") or {}).get("activations", "")):
             problems.append(f"{where}: no activations from the allocator's sampled steps")
         known = sum(peak.get(k) or 0 for k in ("parameters", "gradients", "optimizer_state", "activations"))
         if peak.get("other") is None or known > alloc:
@@ -782,7 +847,7 @@ def check_memory(runs: list[RunResult]) -> tuple[Check, Figures]:
         ranks = (r.analysis or {}).get("ranks") or []
         figures[r.spec.name] = {rk.get("rank"): {k: (rk.get("memory") or {}).get(k)
                                                  for k in ("peak", "steady", "reserved", "allocated")} for rk in ranks}
-        check.problems += memory_problems(r.spec.name, ranks)
+        check.problems += memory_problems(r.spec.name, ranks, r.spec.model)
     check.detail = f"{sum(len(v) for v in figures.values())} GPU ranks by category"
     return check, figures
 
@@ -800,17 +865,31 @@ def check_hta(runs: list[RunResult], work: Path) -> tuple[Check, Figures]:
     return check, figures
 
 
-def check_overhead(pardiag_run: RunResult, plain_run: RunResult, max_ratio: float) -> tuple[Check, Figures]:
+def _profiler_meta(folder: Path, rank: int = 0) -> dict[str, Any]:
+    """The profiler block of a rank's meta.json ({} when unreadable)."""
+    try:
+        block = json.loads((folder / "ranks" / str(rank) / "meta.json").read_text()).get("profiler")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return block if isinstance(block, dict) else {}
+
+
+def check_overhead(pardiag_runs: list[RunResult], plain_runs: list[RunResult], max_ratio: float) -> tuple[Check, Figures]:
+    """The step-time ratio over every finished pair (nccl, plain; nccl2, plain2), pooled."""
     from pardiag.rundir import RunDir, read_steps
 
     def script_log(r: RunResult) -> list[dict[str, Any]]:
         return overhead.parse_steps_jsonl(_read_lines(Path(f"{r.steps_log}.rank0")))
 
-    fig = step_time_figures([s.to_dict() for s in read_steps(RunDir(pardiag_run.folder), 0)], script_log(pardiag_run),
-                            script_log(plain_run))
+    fig = pooled_step_time_figures(
+        [([s.to_dict() for s in read_steps(RunDir(r.folder), 0)], script_log(r)) for r in pardiag_runs],
+        [script_log(r) for r in plain_runs])
+    fig["cupti_teardown"] = {r.spec.name: _profiler_meta(r.folder).get("cupti_teardown") for r in pardiag_runs}
     check = Check("overhead", overhead_problems(fig, max_ratio))
     if fig["ratio"] is not None:
         check.detail = f"x{fig['ratio']:.3f} (script's clock x{_fmt(fig['ratio_script_timer'], '.3f')})"
+        if fig.get("pairs"):
+            check.detail += "; pairs " + ", ".join(f"x{_fmt(p['ratio'], '.3f')}" for p in fig["pairs"])
     return check, fig
 
 
@@ -824,9 +903,11 @@ def _guarded(name: str, needs: bool, why: str, fn: Callable[[], tuple[Check, Fig
         return Check(name, [f"the check broke: {type(e).__name__}: {str(e)[:200]}"]), {}
 
 
-def evaluate(results: list[RunResult], expected_nccl: str | None, max_overhead: float,
+def evaluate(results: list[RunResult], versions: dict[str, Any], max_overhead: float,
              work: Path) -> tuple[list[Check], Figures]:
-    """Every check and figure from finished runs."""
+    """Every check and figure from finished runs; versions: versions_and_gpu()'s (the NCCL
+    version torch loaded, the number of GPUs)."""
+    expected_nccl, gpus = versions.get("nccl"), versions.get("gpus")
     checks = [Check(f"run {r.spec.name}", [r.error] if r.error else [], f"{r.wall_s:.0f} s") for r in results]
     figures: Figures = {"runs": {r.spec.name: {"ok": r.ok, "wall_s": round(r.wall_s, 1), "error": r.error,
                                                "folder": str(r.folder)} for r in results}}
@@ -835,14 +916,16 @@ def evaluate(results: list[RunResult], expected_nccl: str | None, max_overhead: 
     gpu_runs = [r for r in profiled if r.spec.needs_gpu]
     nccl_runs = [r for r in profiled if r.spec.backend == "nccl"]
     no_gpu_run = "no finished GPU run under pardiag"
+    pairs = ([done[n] for n in ("nccl", "nccl2") if n in done and (n == "nccl" or "plain2" in done)],
+             [done[n] for n in ("plain", "plain2") if n in done and (n == "plain" or "nccl2" in done)])
     for key, (check, fig) in (
         ("nccl", _guarded("nccl", bool(nccl_runs), "no finished NCCL run", lambda: check_nccl(nccl_runs, expected_nccl))),
-        ("", _guarded("kernels", bool(gpu_runs), no_gpu_run, lambda: check_kernels(gpu_runs))),
+        ("", _guarded("kernels", bool(gpu_runs), no_gpu_run, lambda: check_kernels(gpu_runs, gpus))),
         ("nvml", _guarded("nvml", bool(gpu_runs), no_gpu_run, lambda: check_nvml(gpu_runs))),
         ("memory", _guarded("memory", bool(gpu_runs), no_gpu_run, lambda: check_memory(gpu_runs))),
         ("gpu_vs_hta", _guarded("gpu vs HTA", bool(gpu_runs), no_gpu_run, lambda: check_hta(gpu_runs, work))),
         ("step_time", _guarded("overhead", "nccl" in done and "plain" in done, "needs the nccl and plain runs",
-                               lambda: check_overhead(done["nccl"], done["plain"], max_overhead))),
+                               lambda: check_overhead(*pairs, max_overhead))),
     ):
         checks.append(check)
         figures.update({key: fig} if key else fig)
@@ -889,7 +972,9 @@ def figure_lines(figures: dict[str, Any]) -> list[str]:
     if s:
         lines.append(f"step time: plain {_fmt(s['plain_ms'], '.2f')} ms; under pardiag outside the window "
                      f"{_fmt(s['outside_ms'], '.2f')} ms (x{_fmt(s['ratio'], '.3f')}), script's clock "
-                     f"x{_fmt(s['ratio_script_timer'], '.3f')}; profiled steps x{_fmt(s['active_ratio'], '.3f')}")
+                     f"x{_fmt(s['ratio_script_timer'], '.3f')}; profiled steps x{_fmt(s['active_ratio'], '.3f')}"
+                     + ("; by pair " + ", ".join(f"x{_fmt(p['ratio'], '.3f')}" for p in s["pairs"])
+                        if s.get("pairs") else ""))
     return lines
 
 
@@ -948,7 +1033,7 @@ def check(args: argparse.Namespace) -> int:
     figures: dict[str, Any] = {"versions": {**versions_and_gpu(args.cpu_dry_run), "pardiag_source": source},
                                "work": str(work), "cpu_dry_run": args.cpu_dry_run}
     results = execute_runs(run_specs(args.steps, args.cpu_dry_run), work, deadline)
-    checks, more = evaluate(results, figures["versions"]["nccl"], args.max_overhead, work)
+    checks, more = evaluate(results, figures["versions"], args.max_overhead, work)
     checks.insert(0, requirements)
     figures.update(more)
     figures["wall_s"] = round(time.monotonic() - t0, 1)
@@ -961,6 +1046,53 @@ def check(args: argparse.Namespace) -> int:
     packed = pack_runs(work, path.parent) if os.environ.get("OUT") else None
     print(f"{PROG}: {'all checks passed' if code == EXIT_OK else 'FAILED'} in {figures['wall_s']:.0f} s; "
           f"figures in {path}" + (f", runs in {packed.name}" if packed else "") + f"; run folder {work}")
+    return code
+
+
+def reevaluate(args: argparse.Namespace) -> int:
+    """--evaluate DIR: the checks again, here, on the run folders an earlier check left in DIR
+    (the tarball from the GPU machine, unpacked): each run analysed again with this
+    checkout, HTA run on its traces. Versions and GPU count come from DIR's gpu_check.json
+    (or its parent's) when there is one. Figures go to DIR/gpu_check.evaluated.json."""
+    t0 = time.monotonic()
+    work = args.evaluate.resolve()
+    if not work.is_dir():
+        raise SetupError(f"{PROG}: {work}: no such folder")
+    source = use_this_checkout(work)
+    if problems := import_problems():
+        raise SetupError(f"{PROG}: does not import: {'; '.join(problems)}")
+    versions: dict[str, Any] = {}
+    for saved in (work / "gpu_check.json", work.parent / "gpu_check.json"):
+        try:
+            versions = json.loads(saved.read_text())["figures"]["versions"]
+            break
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    results = []
+    for spec in run_specs(args.steps, cpu=False):
+        _, result = job_command(spec, work)
+        present = result.folder.is_dir() if spec.under_pardiag else Path(f"{result.steps_log}.rank0").is_file()
+        if not present:
+            result.error = f"not in {work}"
+        elif spec.under_pardiag:
+            print(f"{PROG}: analysing {spec.name} ...", flush=True)
+            try:
+                result.analysis = analyze(result.folder, ANALYZE_TIMEOUT_S * 2, force=True)
+            except (RuntimeError, OSError, subprocess.TimeoutExpired, json.JSONDecodeError) as e:
+                result.error = f"analysis failed: {str(e)[:200]}"
+        results.append(result)
+    checks, more = evaluate(results, versions, args.max_overhead, work)
+    figures: dict[str, Any] = {"versions": {**versions, "evaluated_with": source}, "work": str(work),
+                               "evaluated": True, **more}
+    figures["wall_s"] = round(time.monotonic() - t0, 1)
+    code = EXIT_OK if all(c.ok for c in checks) else EXIT_FAILED
+    print("\n".join(figure_lines(figures)))
+    for c in checks:
+        print(c.line())
+    path = work / "gpu_check.evaluated.json"
+    write_results(path, checks, figures, code)
+    print(f"{PROG}: {'all checks passed' if code == EXIT_OK else 'FAILED'} (evaluated again in "
+          f"{figures['wall_s']:.0f} s); figures in {path}")
     return code
 
 
@@ -982,6 +1114,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--python-version", default="3.12", help="Python version of the GPU machine, for --download-wheels")
     a("--extra-wheel", action="append", default=None, metavar="NAME",
       help="also fetch this package with --download-wheels (repeatable)")
+    a("--evaluate", type=Path, default=None, metavar="DIR",
+      help="run nothing: check again, here, the run folders an earlier check left in DIR (its tarball, unpacked)")
     a("--cpu-dry-run", action="store_true",
       help="no GPU needed: the same runs on the CPU with gloo, to try the plumbing (GPU checks fail)")
     a("--nccl-probe-worker", action="store_true", help=argparse.SUPPRESS)
@@ -1000,6 +1134,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.download_wheels is not None:
             return download_wheels(args.download_wheels, args.python_version, args.extra_wheel or [])
+        if args.evaluate is not None:
+            return reevaluate(args)
         if not args.cpu_dry_run and (reason := gpu_absent_reason()):
             print(f"{PROG}: {reason}: nothing checked")
             return EXIT_NO_GPU

@@ -4,7 +4,6 @@ inputs, and agreement with HTA itself on real traces."""
 from __future__ import annotations
 
 import gzip
-import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import pytest
 from pardiag.analyzers import trace as trace_module
 from pardiag.analyzers.gpu_breakdown import GpuBreakdown, gpu_breakdown
 from pardiag.analyzers.trace import Trace, TraceError, load_trace, rank_of
+from hta_reference import HtaNumbers, compare as _compare, hta_numbers as _hta, ours as _ours
 from tracegen import cpu_op, launch, launched_kernel as kernel, meta_events, step, write_kineto_trace as write_trace
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
@@ -292,33 +292,6 @@ def test_a100_fixture_columns() -> None:
 
 
 # --------------------------------------------------------------------------- HTA
-HtaNumbers = dict[str, float]
-
-
-def _hta(trace_dir: Path) -> dict[str, HtaNumbers]:
-    """HTA's temporal breakdown and overlap for every rank file in a folder."""
-    import warnings
-
-    from hta.trace_analysis import TraceAnalysis
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        analysis = TraceAnalysis(trace_dir=str(trace_dir))
-        temporal = analysis.get_temporal_breakdown(visualize=False).set_index("rank")
-        overlap = analysis.get_comm_comp_overlap(visualize=False).set_index("rank")
-    out = {}
-    for rank, file in analysis.t.trace_files.items():
-        row = temporal.loc[rank]
-        out[Path(file).name] = {
-            "idle_us": float(row["idle_time(us)"]),
-            "compute_us": float(row["compute_time(us)"]),
-            "non_compute_us": float(row["non_compute_time(us)"]),
-            "kernel_time_us": float(row["kernel_time(us)"]),
-            "overlap_pct": float(overlap.loc[rank, "comp_comm_overlap_pctg"]),
-        }
-    return out
-
-
 @pytest.fixture(scope="module")
 def hta_results(tmp_path_factory: pytest.TempPathFactory) -> dict[Path, HtaNumbers]:
     """HTA run once per folder of rank files (it analyses folders, not files)."""
@@ -340,23 +313,6 @@ def hta_results(tmp_path_factory: pytest.TempPathFactory) -> dict[Path, HtaNumbe
         for name, numbers in _hta(folder).items():
             results[next(f for f in files if f.name == name)] = numbers
     return results
-
-
-def _ours(path: Path) -> HtaNumbers:
-    b = gpu_breakdown(load_trace(path))
-    assert b is not None
-    ratio = b.overlap_ratio
-    return {"idle_us": b.idle_us, "compute_us": b.compute_us,
-            "non_compute_us": b.non_compute_us, "kernel_time_us": b.span_us,
-            "overlap_pct": round(100 * ratio, 2) if ratio is not None else math.nan}
-
-
-def _compare(ours: HtaNumbers, hta: HtaNumbers, rel: float) -> None:
-    for key, expected in hta.items():
-        if math.isnan(expected):
-            assert math.isnan(ours[key]), key
-        else:
-            assert ours[key] == pytest.approx(expected, rel=rel, abs=1e-9), key
 
 
 @needs_gpu_fixtures

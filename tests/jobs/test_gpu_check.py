@@ -114,6 +114,23 @@ def test_kernel_census_of_a_real_trace() -> None:
     assert problems == ["no ncclDevKernel_* kernel in any trace: their classification is unverified"]
 
 
+H200_PROBE = REPO / "tests" / "data" / "h200" / "probe" / "rank0.json.gz"
+
+
+def test_one_gpu_asks_for_nccl_s_one_rank_reduce_instead() -> None:
+    """The H200 probe's trace: NCCL 2.28.9 ran no ncclDevKernel_* with one rank, but its
+    one-rank reduce three times (one per averaging all_reduce of the 3 profiled steps)."""
+    c = gpu_check.kernel_census(H200_PROBE)
+    assert c["nccl_dev_kernels"] == 0 and c["one_rank_reduce"] == 3 and c["nccl_kernels"] == {}
+    assert c["by_class"] == {"computation": 33, "communication": 0, "memory": 9, "other": 0}
+    assert gpu_check.kernel_problems({"probe": {0: c}}, {"probe": []}, gpus=1) == []
+    several = gpu_check.kernel_problems({"probe": {0: c}}, {"probe": []}, gpus=2)
+    assert several == ["no ncclDevKernel_* kernel in any trace: their classification is unverified"]
+    nothing = dict(c, one_rank_reduce=0)
+    assert gpu_check.kernel_problems({"probe": {0: nothing}}, {"probe": []}, gpus=1) == [
+        "no NCCL kernel in any trace: neither ncclDevKernel_* nor, as one GPU gives, NCCL's one-rank reduce"]
+
+
 def _synthetic(tmp_path: Path, names: list[str]) -> Path:
     events = [*meta_events(), step(1, 0, 100), *(launch(i + 1, i) for i in range(len(names))),
               *(kernel(n, 10 + 10 * i, 5, i + 1, stream=7 + i) for i, n in enumerate(names))]
@@ -233,7 +250,35 @@ def test_step_time_ratio_by_hand() -> None:
     assert empty["ratio"] is None and gpu_check.overhead_problems(empty, 1.1)[0].startswith("no step times")
 
 
+def test_two_pairs_are_pooled_and_each_is_shown() -> None:
+    # pair 1 on a slow stretch of the machine (everything 20% slower), pair 2 on a fast one
+    window = {5: "warmup", 6: "active"}
+    first = [9e3] * 3 + [12e3, 12e3] + [30e3, 30e3] + [90e3] + [12e3] * 4  # outside: 12 x 6
+    second = [9e3] * 3 + [10.5e3, 10.5e3] + [30e3, 30e3] + [90e3] + [10.5e3] * 4  # outside: 10.5 x 6
+    plain1, plain2 = _steps([50e3] * 3 + [11e3] * 5), _steps([50e3] * 3 + [10e3] * 5)
+    fig = gpu_check.pooled_step_time_figures(
+        [(_steps(first, window), _steps(first)), (_steps(second, window), _steps(second))], [plain1, plain2])
+    # pooled: outside 6 x 12 and 6 x 10.5 -> median 11.25; plain 5 x 11 and 5 x 10 -> 10.5
+    assert fig["outside_ms"] == 11.25 and fig["plain_ms"] == 10.5
+    assert fig["ratio"] == pytest.approx(11.25 / 10.5)
+    assert [p["ratio"] for p in fig["pairs"]] == pytest.approx([12 / 11, 1.05])
+    assert fig["steps"] == {"plain": 16, "outside": 12, "active": 2}
+    one = gpu_check.pooled_step_time_figures([(_steps(first, window), _steps(first))], [plain1])
+    assert "pairs" not in one and one["ratio"] == pytest.approx(12 / 11)
+
+
 # --------------------------------------------------------------------------- set-up and output
+
+
+def test_the_hta_reference_imports_outside_the_suite(tmp_path: Path) -> None:
+    """On the GPU machine the check runs outside pytest: the suite's HTA comparison must
+    import from the check's own path setting."""
+    code = ("import sys; sys.path.insert(0, 'benchmarks'); import gpu_check; "
+            "m = gpu_check._hta_reference(); print(m.hta_numbers.__name__, m.ours.__name__)")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["hta_numbers", "ours"]
 
 
 def test_staged_source_imports_without_install(tmp_path: Path) -> None:
@@ -296,6 +341,9 @@ def test_memory_check_wants_the_allocator_s_categories() -> None:
     assert gpu_check.memory_problems("nccl", [good]) == []
     over = {"rank": 1, "memory": dict(good["memory"], allocated=7 * gb)}  # 8 GB of categories in a 7 GB peak
     cpu = {"rank": 2, "memory": {"device": "cpu"}}
+    no_model = {"rank": 0, "memory": dict(good["memory"], peak=dict(good["memory"]["peak"], activations=0), sources={})}
+    assert gpu_check.memory_problems("probe", [no_model], activations=False) == []
+    assert gpu_check.memory_problems("probe", [no_model]) == ["probe rank 0: no activations from the allocator's sampled steps"]
     assert gpu_check.memory_problems("nccl", [over, cpu]) == [
         "nccl rank 1: categories 8589934592 over the peak allocated 7516192768 (other 2147483648)",
         "nccl rank 2: memory device 'cpu', not cuda"]
@@ -314,12 +362,21 @@ def test_cpu_dry_run_end_to_end(tmp_path: Path) -> None:
     assert proc.returncode == gpu_check.EXIT_FAILED, proc.stdout + proc.stderr
     doc = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     status = {c["name"]: c["ok"] for c in doc["checks"]}
-    assert status == {"requirements": True, "run nccl": True, "run plain": True, "run gloo2": True, "run probe": True,
+    runs = {f"run {n}": True for n in ("nccl", "plain", "gloo2", "probe", "plain2", "nccl2")}
+    assert status == {"requirements": True, **runs,
                       "nccl": False, "kernels": False, "nvml": False, "memory": False, "gpu vs HTA": False,
                       "overhead": status["overhead"]}
-    assert doc["figures"]["step_time"]["ratio"] > 0 and doc["figures"]["step_time"]["steps"]["plain"] == 20
-    assert sorted(doc["figures"]["kernels"]) == ["gloo2", "nccl", "probe"]
+    steps = doc["figures"]["step_time"]
+    assert steps["ratio"] > 0 and steps["steps"]["plain"] == 40 and len(steps["pairs"]) == 2
+    assert sorted(doc["figures"]["kernels"]) == ["gloo2", "nccl", "nccl2", "probe"]
     assert sorted(doc["figures"]["kernels"]["gloo2"]) == ["0", "1"]
     assert (tmp_path / "out" / "gpu_check_runs.tar.gz").is_file()
     fails = [ln for ln in proc.stdout.splitlines() if ln.startswith("FAIL")]
     assert len(fails) == sum(not ok for ok in status.values())
+    # the same checks again from the run folders alone, analysed afresh (--evaluate)
+    again = subprocess.run([sys.executable, str(SCRIPT), "--evaluate", str(tmp_path / "work")],
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == gpu_check.EXIT_FAILED, again.stdout + again.stderr
+    redo = json.loads((tmp_path / "work" / "gpu_check.evaluated.json").read_text())
+    assert {c["name"]: c["ok"] for c in redo["checks"]} == {k: v for k, v in status.items() if k != "requirements"}
+    assert redo["figures"]["step_time"]["ratio"] == steps["ratio"] and redo["figures"]["evaluated"] is True
