@@ -7,6 +7,13 @@ up across ranks. A complete trace goes to `trace.json`; a window cut short by th
 process exiting goes to `trace.partial.json` and never replaces a complete one.
 Compression is left to the launcher after the job ends, so no gzip competes with
 the training for the CPU.
+
+After a CUDA window, CUPTI stays subscribed to every CUDA call unless Kineto tears it
+down, which it does only when TEARDOWN_CUPTI is "1" as the trace stops; PyTorch reports
+10-20% slower training after profiling without it (pytorch/pytorch#144455). The window
+sets it for its own stop when nobody else has (a user's or PyTorch's own value, e.g. the
+"0" it sets for CUDA graphs on old CUDA, is left as it is) and CUDA is 12.6 or newer,
+where Kineto's teardown is reliable also with CUDA graphs; the status says which.
 """
 
 from __future__ import annotations
@@ -21,6 +28,26 @@ from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
 from pardiag.collectors.config import CollectorConfig, ProfileSchedule
 from pardiag.redact import safe_redact
+
+
+TEARDOWN_ENV = "TEARDOWN_CUPTI"
+TEARDOWN_MIN_CUDA = (12, 6)
+
+
+def cupti_teardown_plan(use_cuda: bool, environ: Any = os.environ, cuda: str | None = None) -> tuple[bool, str]:
+    """(set TEARDOWN_CUPTI=1 for this window, why). cuda: torch.version.cuda when None."""
+    if not use_cuda:
+        return False, "no CUDA activity traced"
+    if TEARDOWN_ENV in environ:
+        return False, f"{TEARDOWN_ENV}={environ[TEARDOWN_ENV]!r} was already set: kept"
+    version = torch.version.cuda if cuda is None else cuda
+    try:
+        parts = tuple(int(x) for x in str(version).split(".")[:2])
+    except ValueError:
+        return False, f"CUDA version {version!r} not understood: CUPTI left as Kineto leaves it"
+    if parts < TEARDOWN_MIN_CUDA:
+        return False, f"CUDA {version} is older than 12.6: CUPTI left as Kineto leaves it"
+    return True, f"{TEARDOWN_ENV}=1 while the window stops: CUPTI detaches after the trace"
 
 
 def phase(s: ProfileSchedule, rel: int) -> ProfilerAction:
@@ -61,6 +88,8 @@ class ProfilerWindow:
         self.trace_bytes: int | None = None
         self._finished = False
         self._exiting = False
+        self.cupti_teardown: str | None = None  # what the window did about TEARDOWN_CUPTI
+        self._set_teardown = False
 
     @property
     def activities(self) -> list[str]:
@@ -99,6 +128,12 @@ class ProfilerWindow:
             return phase(sched, max(step - first, 0))
 
         self.first_step = first
+        try:
+            self._set_teardown, self.cupti_teardown = cupti_teardown_plan(self.use_cuda)
+            if self._set_teardown:
+                os.environ[TEARDOWN_ENV] = "1"
+        except Exception as e:  # never a reason to skip the window
+            self._set_teardown, self.cupti_teardown = False, f"not decided: {type(e).__name__}"
         self.prof = profile(
             activities=acts,
             schedule=schedule_fn,
@@ -148,12 +183,20 @@ class ProfilerWindow:
         self.export_s = time.perf_counter() - t0
         self._finished = True
 
+    def _restore_teardown(self) -> None:
+        """The environment as the job had it, once the trace has stopped."""
+        if self._set_teardown:
+            self._set_teardown = False
+            if os.environ.get(TEARDOWN_ENV) == "1":
+                os.environ.pop(TEARDOWN_ENV, None)
+
     def _close(self) -> None:
         try:
             self.prof.stop()
         except Exception as e:
             self.on_error("profiler.stop", e)
         self.prof = None
+        self._restore_teardown()
         self.state = "done" if self.complete else "done_partial"
         if self.trace_bytes is None:
             # A failed export (a full disk) can leave the profiler's results in a reference
@@ -174,6 +217,7 @@ class ProfilerWindow:
                 prof.stop()
             except Exception:
                 pass
+        self._restore_teardown()
 
     def finish(self) -> None:
         """At process exit: save a window cut short."""
@@ -185,6 +229,7 @@ class ProfilerWindow:
                 self._fail(e)
             else:
                 self.prof = None
+                self._restore_teardown()
                 if not self._finished:
                     self.reason = "the process ended before the window reached its active steps"
                 self.state = "done" if self.complete else "done_partial"
@@ -217,6 +262,7 @@ class ProfilerWindow:
             "profile_memory": self.profile_memory,
             "export_s": self.export_s,
             "trace_bytes": self.trace_bytes,
+            "cupti_teardown": self.cupti_teardown,
             "trace": (self.trace_path.name if self.complete else self.partial_path.name)
             if self.trace_bytes
             else None,
