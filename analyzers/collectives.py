@@ -46,6 +46,7 @@ class MatchResult:
     launch_only: int = 0  # NCCL calls whose kernels are not in the trace: not timed
     mismatched_unnamed: int = 0  # of the mismatched, those whose process group is not named
     mismatched_size: int = 0  # same position and op, different sizes on different ranks (not all-to-all)
+    launch_only_alone: int = 0  # of the launch-only, those of process groups of one rank (NCCL moves nothing)
 
 
 def _key(calls: Sequence[CollectiveCall]) -> list[tuple[str, int | None, int]]:
@@ -109,7 +110,7 @@ def match(per_rank: Mapping[int, Sequence[CollectiveCall]]) -> MatchResult:
     wait_iv: dict[int, list[tuple[float, float]]] = defaultdict(list)
     transfer_iv: dict[int, list[tuple[float, float]]] = defaultdict(list)
     wait_detail: dict[tuple[str, str], dict[int, float]] = defaultdict(lambda: defaultdict(float))
-    unmatched = mismatched = launch_only = unnamed = mismatched_size = 0
+    unmatched = mismatched = launch_only = unnamed = mismatched_size = alone = 0
     for key, by_rank in instances.items():
         why = _left_out(by_rank, len(per_rank) > 1)
         if why == "mismatched":
@@ -128,6 +129,7 @@ def match(per_rank: Mapping[int, Sequence[CollectiveCall]]) -> MatchResult:
             # only the enqueue was seen: count it, do not time it
             durs = {r: 0.0 for r in by_rank}
             launch_only += 1
+            alone += all(c.group_size == 1 for c in by_rank.values())
         else:
             durs = {r: c.dur_us for r, c in by_rank.items()}
         transfer = min(durs.values())
@@ -178,7 +180,7 @@ def match(per_rank: Mapping[int, Sequence[CollectiveCall]]) -> MatchResult:
             )
         )
     return MatchResult(out, _union_lengths(wait_iv), _union_lengths(transfer_iv), unmatched, mismatched, launch_only, unnamed,
-                       mismatched_size)
+                       mismatched_size, alone)
 
 
 def _union_lengths(by_rank: Mapping[int, list[tuple[float, float]]]) -> dict[int, float]:

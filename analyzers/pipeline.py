@@ -623,9 +623,13 @@ def _self_checks(
         notices.append(Notice("warning", f"{matched.mismatched_size} collectives have different sizes on different ranks at "
                                          "the same position: not the same operation (a sampled trace, or process groups "
                                          "the traces do not name); left out of the matching"))
-    if matched.launch_only:
-        notices.append(Notice("warning", f"{matched.launch_only} NCCL collectives have no kernel in the traces "
-                                         "(a sampled or CPU-only trace): counted, but not timed"))
+    if matched.launch_only_alone:
+        notices.append(Notice("info", f"{matched.launch_only_alone} collectives ran in process groups of one rank: NCCL "
+                                      "moves no data for them (no kernel, at most a local copy or reduce), so none is "
+                                      "timed as communication"))
+    if matched.launch_only > matched.launch_only_alone:
+        notices.append(Notice("warning", f"{matched.launch_only - matched.launch_only_alone} NCCL collectives have no "
+                                         "kernel in the traces (a sampled or CPU-only trace): counted, but not timed"))
     if matched.mismatched_unnamed:
         notices.append(Notice("warning", f"{matched.mismatched_unnamed} collectives differ in type between ranks at the same "
                                          "position; the traces do not name process groups, so collectives of different "

@@ -198,6 +198,13 @@ def analyze_rank_trace(trace: Trace, drop_last_step: bool = False) -> RankTrace:
         g_s, g_e = trace.gpu.ts_us, trace.gpu.ts_us + trace.gpu.dur_us
         comp = (g_s[kinds == KernelKind.COMPUTATION], g_e[kinds == KernelKind.COMPUTATION])
         comm = (g_s[kinds == KernelKind.COMMUNICATION], g_e[kinds == KernelKind.COMMUNICATION])
+        # gloo (and MPI) move CUDA tensors on host threads of their own: no kernel of theirs,
+        # their operation's span is the transfer, and it counts as communication too
+        on_host = [e for e in trace.collectives if not e.on_gpu and e.cat != "gpu_user_annotation"
+                   and e.name.startswith(HOST_BACKENDS)]
+        if on_host:
+            comm = (np.concatenate([comm[0], [e.ts_us for e in on_host]]),
+                    np.concatenate([comm[1], [e.ts_us + e.dur_us for e in on_host]]))
         mem = (g_s[kinds == KernelKind.MEMORY], g_e[kinds == KernelKind.MEMORY])
         layers: tuple[Intervals, Intervals, Intervals, Intervals, bool] = (comp, comm, mem, dl, False)
         breakdown = _breakdown(window, *layers)
@@ -208,7 +215,8 @@ def analyze_rank_trace(trace: Trace, drop_last_step: bool = False) -> RankTrace:
                 f"{int(other.sum())} GPU events ({float(trace.gpu.dur_us[other].sum()):.0f} us) match no known "
                 f"kernel class and are left out of compute: {', '.join(n[:60] for n in odd[:3])}"
             )
-        host_comm = [e for e in trace.collectives if not e.on_gpu and e.collective_name]
+        # a process group of one rank has nothing to send: NCCL launches no communication kernel
+        host_comm = [e for e in trace.collectives if not e.on_gpu and e.collective_name and e.group_size != 1]
         if host_comm and not (kinds == KernelKind.COMMUNICATION).any():
             notices.append(
                 f"{len(host_comm)} collectives were issued (record_param_comms) but no GPU kernel is "
@@ -354,10 +362,15 @@ def op_stats(trace: Trace, window: tuple[float, float]) -> dict[str, Any]:
         inside = (L.ts_us >= lo) & (L.ts_us < hi)
         copies = np.flatnonzero(np.isin(L.name_id, _ids(trace.names, DEVICE_READ_CALLS)))
         # a read with several copies or waits inside (copy, then stream sync) is one read
-        device_reads = {int(k) for k in _enclosing(L.tid[copies], L.ts_us[copies], c, items) if k >= 0}
+        in_read = _enclosing(L.tid[copies], L.ts_us[copies], c, items)
+        device_reads = {int(k) for k in in_read if k >= 0}
         syncs = np.flatnonzero(inside & np.isin(L.name_id, _ids(trace.names, SYNC_CALLS)))
         # a runtime sync made by a value read (its copy back and wait) is that read
         out["sync_calls"] = int((_enclosing(L.tid[syncs], L.ts_us[syncs], c, items) < 0).sum())
+        # the host's time inside those waits: every sync call, and the copies and waits of
+        # the value reads that reached the device
+        waits = np.union1d(syncs, copies[(in_read >= 0) & inside[copies]])
+        out["sync_us"] = float(L.dur_us[waits].sum())
         out["launches"] = int(inside.sum())
     if item_ids and len(c):
         out["item_calls"] = len(items)
@@ -654,7 +667,8 @@ def _timed_events(trace: Trace) -> list[tuple[Any, float, float, str]]:
     on_gpu = [e for e in evs if e.on_gpu and e.collective_name]
     if on_gpu:
         return sorted(((e, e.ts_us, e.ts_us + e.dur_us, "device") for e in on_gpu), key=lambda t: t[1])
-    host = [e for e in evs if not e.on_gpu and e.name.startswith(BACKEND_PREFIXES)]
+    # the host's annotations; their gpu_user_annotation copies on a stream mirror them
+    host = [e for e in evs if not e.on_gpu and e.name.startswith(BACKEND_PREFIXES) and e.cat != "gpu_user_annotation"]
     if not host:
         host = [e for e in evs if not e.on_gpu and e.collective_name]
     host.sort(key=lambda e: e.ts_us)
@@ -664,8 +678,22 @@ def _timed_events(trace: Trace) -> list[tuple[Any, float, float, str]]:
         if span is not None:
             out.append((e, span[0], span[1], "device"))
         else:
-            out.append((e, e.ts_us, e.ts_us + e.dur_us, "launch" if gpu_run or e.name.startswith("nccl:") else "host"))
+            out.append((e, e.ts_us, e.ts_us + e.dur_us, _host_timing(e.name, gpu_run)))
     return out
+
+
+# Backends that move the data on host threads of their own, also for CUDA tensors (gloo
+# copies them to the host, reduces there, copies back): their operation's span is the
+# collective. NCCL's (and XCCL's) host side only enqueues kernels.
+HOST_BACKENDS = ("gloo:", "mpi:")
+
+
+def _host_timing(name: str, gpu_run: bool) -> str:
+    """How a collective with no kernel of its own in the trace is timed: "host" (the
+    operation is the collective), or "launch" (an enqueue whose work is not traced)."""
+    if name.startswith(HOST_BACKENDS):
+        return "host"
+    return "launch" if gpu_run or name.startswith("nccl:") else "host"
 
 
 def _group_size(e: Any, pgs: Sequence[Any], default_pg: Any) -> int | None:

@@ -180,6 +180,20 @@ def test_sync_points_and_host_overhead() -> None:
     assert not {"sync_points", "host_overhead"} & set(levers(analysis([rank(0, steps=4, compute=0.5, ops=calm)])))
 
 
+@pytest.mark.parametrize("sync_us, expected", [
+    (999.0, None),  # 40 syncs in a 100 ms window that return at once: the queue was empty
+    (1_000.0, "low"),  # 1% of the window
+    (4_999.0, "low"),  # 10 per step, but the host waits under 5%
+    (5_000.0, "medium"),
+])
+def test_sync_points_weigh_the_time_the_host_waits(sync_us: float, expected: str | None) -> None:
+    ops = {"sync_calls": 30, "item_device_reads": 10, "sync_us": sync_us, "compute_kernel_p50_us": 200.0}
+    f = levers(analysis([rank(0, steps=4, compute=0.9, ops=ops)])).get("sync_points")
+    assert (f.severity if f else None) == expected
+    if f:
+        assert f"the host waits inside them {sync_us / 1e3:.1f} ms, {sync_us / 1e5:.1%} of the profiled time" in f.evidence
+
+
 def test_bucket_finding_offers_gradient_compression_only_without_a_hook() -> None:
     a = analysis([rank(0, compute=0.6, comm_exposed=0.2)], DDP_ONE_BUCKET)
     assert "bf16_compress_hook" in levers(a)["ddp_bucket_size"].action["code"]
