@@ -386,14 +386,16 @@ class _Columns:
                           else _float_column(values))
             values.clear()
 
-    def arrays(self) -> dict[str, npt.NDArray[Any]]:
+    def arrays(self, release: bool = True) -> dict[str, npt.NDArray[Any]]:
+        """The columns; with `release`, the heap handed back after each is joined."""
         self.flush()
         out = {}
         for i, (name, dtype) in enumerate(self.dtypes.items()):
             chunks, self.chunks[i] = self.chunks[i], []
             out[name] = np.concatenate(chunks) if chunks else np.empty(0, dtype)
             del chunks
-            release_memory()  # the chunks' pages, before the next column is joined
+            if release:
+                release_memory()  # the chunks' pages, before the next column is joined
         return out
 
 

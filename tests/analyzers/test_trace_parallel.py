@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pardiag.analyzers import trace_parallel
+from pardiag.analyzers import trace as trace_module, trace_parallel
 from pardiag.analyzers.trace import Trace, TraceError, load_trace
 from tracegen import launched_kernel as kernel, write_kineto_trace
 
@@ -48,6 +48,26 @@ def test_a_real_trace_in_many_blocks_is_the_serial_readers_trace(tmp_path: Path,
     assert len(data) // BLOCK >= 8  # the cut really made many blocks
     same(parallel, serial)
     assert serial.n_events > 4000 and len(serial.gpu) > 500
+
+
+@needs_fixtures
+@pytest.mark.parametrize("gzipped", [False, True], ids=["plain", "gzip"])
+def test_the_calling_process_decodes_its_share_of_the_blocks(tmp_path: Path, gzipped: bool,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """With 2 processes one is forked: the caller decodes every second block itself (its
+    calls are the ones this process sees), and the trace is still the serial reader's."""
+    data = gzip.decompress(A100.read_bytes())
+    path = tmp_path / ("t.json.gz" if gzipped else "t.json")
+    path.write_bytes(gzip.compress(data, 1) if gzipped else data)
+    here: list[int] = []
+    real = trace_module._Extractor.add
+    monkeypatch.setattr(trace_module._Extractor, "add", lambda ex, events: (here.append(1), real(ex, events))[1])
+    parallel = trace_parallel.load_parallel(path, 2, block_bytes=BLOCK)
+    assert parallel is not None
+    blocks = len(data) // BLOCK
+    # the forked worker's calls are not seen here; the last events are decoded here too
+    assert blocks // 2 - 2 <= len(here) <= blocks // 2 + 3, (len(here), blocks)
+    same(parallel, load_trace(path, workers=1))
 
 
 @needs_fixtures
