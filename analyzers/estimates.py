@@ -305,8 +305,8 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
     else:
         basis = "saving relative to the replayed window's median step (no step records)"
     err = round(100 * base.error, 1)
-    # against the job's own step only (not when the saving is a share of the window's)
-    cpu = cpu_floor_inputs(a, inputs.step_records) if own_step else None
+    cpu = cpu_floor_inputs(a, inputs.step_records) if counted_steps else None
+    job_u = statistics.median(counted_steps) if counted_steps else u  # the job's own step, unprofiled
     floors: list[str] = []
 
     def saving(edits: Sequence[rp.Edit], scale: float = 1.0, extra_us: float = 0.0) -> tuple[float, float, float]:
@@ -318,9 +318,15 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
         in_window = statistics.median(base_steps[k] - edited.get(k, base_steps[k]) for k in base_steps)
         removed = in_window * scale + extra_us
         floor = cpu.floor_us(edits) if cpu is not None else None
-        if cpu is not None and floor is not None and u - removed < floor:
-            floors.append(cpu.words(floor, u - removed))
+        straggler = any(isinstance(e, rp.Straggler) for e in edits)
+        if cpu is not None and floor is not None and own_step and u - removed < floor:
+            floors.append(cpu.words(floor, u - removed, straggler))
             removed = u - floor
+        elif cpu is not None and floor is not None and not own_step and removed / u > 1 - floor / job_u:
+            # a share of the window's step, but no larger than the job's own step can shed
+            floors.append(cpu.words(floor, job_u * (1 - removed / u), straggler)
+                          + f" (the job's step of {job_u / 1e3:.1f} ms)")
+            removed = max(0.0, u * (1 - floor / job_u))
         # (the window's projection: the time removed there, before the scaling)
         return (min(max(0.0, removed / u), 1.0) if u > 0 else 0.0), b - (removed - extra_us) / scale, in_window
 
@@ -409,20 +415,27 @@ class CpuFloor:
     others computed, then computes with them) it would have them share nothing: on
     2 cores the sleeping straggler's test job was projected at 11.7 ms per step and
     ran at 16.0. Only for edits whose CPU time is measured: a straggler's excess CPU
-    per step over its peers' median leaves with it. On GPUs the host's CPU time holds
-    spin-waits that leave with the waiting, so no floor there."""
+    per step over its peers' median leaves with it; DDP's buckets regrouped take none
+    with them (gloo reduces the same bytes in fewer calls: the tiny-bucket job's
+    processes burned 25.3 and 25.7 ms of CPU per 27.5 ms step, the same job with 4x
+    fewer all-reduces 25.3 and 27.0, on 2 cores; its step did not get shorter, where
+    the profiled window, whose all-reduces ran 3x the sweep's time, projected 28%).
+    On GPUs the host's CPU time holds spin-waits that leave with the waiting, so no
+    floor there."""
 
     cpu_us: Mapping[int, float]  # rank -> its process's CPU time per step
     hosts: Mapping[str, tuple[tuple[int, ...], int]]  # host -> (its ranks, its cores)
 
     def floor_us(self, edits: Sequence[rp.Edit]) -> float | None:
-        if not edits or not all(isinstance(e, rp.Straggler) for e in edits):
+        if not edits or not all(isinstance(e, (rp.Straggler, rp.RegroupBuckets)) for e in edits):
             return None
         gone: dict[int, float] = {}
         for e in edits:
-            peers = [v for r, v in self.cpu_us.items() if r != e.rank]  # type: ignore[union-attr]
-            if e.rank in self.cpu_us and peers:  # type: ignore[union-attr]
-                gone[e.rank] = max(self.cpu_us[e.rank] - statistics.median(peers), 0.0)  # type: ignore[union-attr]
+            if not isinstance(e, rp.Straggler):
+                continue
+            peers = [v for r, v in self.cpu_us.items() if r != e.rank]
+            if e.rank in self.cpu_us and peers:
+                gone[e.rank] = max(self.cpu_us[e.rank] - statistics.median(peers), 0.0)
         return max((sum(self.cpu_us[r] - gone.get(r, 0.0) for r in ranks) / cores
                     for ranks, cores in self.hosts.values()), default=None)
 
@@ -430,11 +443,12 @@ class CpuFloor:
         h = max(self.hosts, key=lambda k: sum(self.cpu_us[r] for r in self.hosts[k][0]) / self.hosts[k][1])
         return h, self.hosts[h][0], self.hosts[h][1]
 
-    def words(self, floor: float, projected: float) -> str:
+    def words(self, floor: float, projected: float, straggler: bool = True) -> str:
         h, ranks, cores = self.busiest()
+        out = "a straggler's excess over its peers taken out" if straggler else "none of it removed by the change"
         return (f"raised from {projected / 1e3:.1f} to {floor / 1e3:.1f} ms per step: host {h}'s {cores} cores "
                 f"do the CPU work of ranks {', '.join(map(str, ranks))} (steps.jsonl, their processes' CPU time "
-                "per step, a straggler's excess over its peers taken out) no faster than that")
+                f"per step, {out}) no faster than that")
 
     def factor(self) -> Factor:
         h, ranks, cores = self.busiest()

@@ -439,3 +439,38 @@ def test_micro_batches_that_do_not_sync_skip_the_loops_work_after_the_optimizer(
     r = replay(m, [Accumulate(4)])
     assert r.replayed_steps[0][1] == pytest.approx(2505.0)
     assert r.replayed_steps[1][1] == pytest.approx(2730.0)
+
+
+def _bucket_records(step_us: float, cpu_us: float) -> dict[int, list[StepRecord]]:
+    """Three counted steps of ``step_us`` per rank, each rank's process burning ``cpu_us``
+    of CPU in each (steps.jsonl ``pcpu_us``)."""
+    return {r: [StepRecord(step=0, t_end_ns=None, dur_us=1.0, pardiag_us=0.0)] + [
+        StepRecord(step=i, t_end_ns=None, dur_us=step_us, pardiag_us=0.0, signals={"process_cpu": cpu_us})
+        for i in (1, 2, 3)] for r in (0, 1)}
+
+
+@pytest.mark.parametrize("step_us, cpu_us, expected", [
+    # the job's step is the window's (2730 us): the pack removes 2730 - 2468.86 = 261.14 us,
+    # 9.57%; the 2 cores do 2 x 2600 us of CPU work per step no faster than 2600 us: 4.76%
+    (2730.0, 2600.0, 100 * (2730 - 2600) / 2730),
+    (2730.0, 1000.0, 100 * (2730 - (2206 + 100 * 400 / 280 + 120)) / 2730),  # the floor far below
+    # a job step of 1500 us (the window 1.8x it): a share of the window's step, 9.57%, but
+    # no more than the job's step can shed above its CPU floor of 1400: 1 - 1400 / 1500
+    (1500.0, 1400.0, 100 * (1 - 1400 / 1500)),
+])
+def test_regrouped_buckets_save_no_more_than_the_cores_leave_idle(tmp_path: Path, step_us: float, cpu_us: float,
+                                                                  expected: float) -> None:
+    """Regrouping takes no CPU work with it (gloo reduces the same bytes): on a host whose
+    cores are busy nearly all the step, the saving stops where the CPU work fills them."""
+    from pardiag.analyzers.factors import CommCurve
+
+    m = _model(tmp_path, _buckets(), _buckets())
+    a = analysis([rank(0, device="cpu"), rank(1, device="cpu")],
+                 framework={"ddp": [{"bucket_cap_mb": 0.05}], "threads": {"cpu_count": 2}})  # no core sharing in the replay
+    a = replace(a, findings=[_bucket_finding(1.0)])
+    curve = CommCurve(60.0, 0.01, (), "sweep", "sweep after the job", 0.99, 0.05)
+    (f,) = estimates.apply(a, estimates.Inputs(m, _bucket_records(step_us, cpu_us), comm=curve)).findings
+    assert f.estimate is not None and f.estimate["method"] == "replay"
+    assert f.est_saving_pct == pytest.approx(round(expected, 1))
+    capped = any("no faster than that" in e for e in f.estimate["edits"])
+    assert capped is (cpu_us != 1000.0)
