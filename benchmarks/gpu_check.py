@@ -20,6 +20,9 @@ Runs, each with examples/train_ddp.py under `torchrun --standalone` (logs in the
   plain2, nccl2   the plain and pardiag runs again, in the reverse order: the overhead is
           judged on both pairs pooled, so that a machine that drifts between runs does not
           decide it (one pair on the H200 measured 1.19x, its steps 15 to 42 ms).
+  mp_fp32, mp_fp32_plain, mp_bf16_plain   a GEMM-bound size of the example (d_model 2048,
+          4 layers, sequences of 512; fp32 without TF32) under pardiag, then without it in
+          fp32 and in bf16: the mixed-precision estimate against the change applied.
 
 Checks (one line each; a failed one says why):
 
@@ -38,7 +41,9 @@ Checks (one line each; a failed one says why):
                tests/hta_reference.py, as tests/analyzers/test_gpu_breakdown_hta.py uses it), and
                gpu_breakdown() of the trace itself
   overhead     median step time outside the profiler window (steps.jsonl) over the plain
-               run's median step time, at most --max-overhead
+               run's median step time, at most --max-overhead (both pairs pooled)
+  estimate     the fp32 run has a mixed_precision finding whose estimated saving is within
+               5 points of the one measured between the plain fp32 and bf16 runs
 
 Step times of the plain run come from the example's own --step-log: one line per optimizer
 step, timed from one optimizer.step() return to the next, the boundary at which pardiag
@@ -106,6 +111,12 @@ NEEDED_MODULES = ("numpy", "msgspec", "plotly", "jinja2", "rich", "pynvml", "hta
 GPU_MODEL = ("--d-model", "256", "--layers", "4", "--heads", "8", "--batch-size", "32",
              "--seq-len", "128", "--log-every", "1000000")
 CPU_MODEL = ("--log-every", "1000000")  # the example's own small default
+# GEMM-bound in fp32 on an H200 (about 10 TFLOP a step; TF32 is off by default): where mixed
+# precision is the lever, its estimate is checked against the bf16 run of the same job
+GPU_GEMM_MODEL = ("--d-model", "2048", "--layers", "4", "--heads", "16", "--batch-size", "16",
+                  "--seq-len", "512", "--dataset-size", "4096", "--log-every", "1000000")
+ESTIMATE_STEPS = 30
+MAX_ESTIMATE_ERROR_PP = 5.0  # issue 15's target for every lever's estimate
 RUN_TIMEOUT_S = 180.0
 ANALYZE_TIMEOUT_S = 150.0
 RESERVE_S = 60.0  # kept back from the runs for the analyses and HTA
@@ -366,9 +377,11 @@ def run_specs(steps: int, cpu: bool) -> list[RunSpec]:
     """The jobs, most important first (a spent time budget skips the last). On a GPU the
     nccl run measures the factors after the job (its GEMMs timed with CUDA events); the
     others, and every run of a CPU dry run, skip that (10-15 s a run of no check's).
-    plain2 and nccl2 repeat the overhead pair in reverse order."""
+    plain2 and nccl2 repeat the overhead pair in reverse order; the mp_* runs check the
+    mixed-precision estimate (last: the first to go when time runs short)."""
     one = "gloo" if cpu else "nccl"
     example = (str(EXAMPLE), *(CPU_MODEL if cpu else GPU_MODEL))
+    gemm = (str(EXAMPLE), *(CPU_MODEL if cpu else GPU_GEMM_MODEL))
     return [
         RunSpec("nccl", 1, one, True, (*example, "--backend", one, "--steps", str(steps)), report=True,
                 measure=not cpu),
@@ -380,6 +393,13 @@ def run_specs(steps: int, cpu: bool) -> list[RunSpec]:
         # machine that drifts (one pair on the H200 saw 1.19x with 15-40 ms steps of a 16 ms job)
         RunSpec("plain2", 1, one, False, (*example, "--backend", one, "--steps", str(steps)), needs_gpu=False),
         RunSpec("nccl2", 1, one, True, (*example, "--backend", one, "--steps", str(steps)), measure=False),
+        # the mixed-precision estimate against the change applied: fp32 under pardiag (the
+        # factors measured after it at the job's shapes), then fp32 and bf16 without it
+        RunSpec("mp_fp32", 1, one, True, (*gemm, "--backend", one, "--steps", str(ESTIMATE_STEPS))),
+        RunSpec("mp_fp32_plain", 1, one, False, (*gemm, "--backend", one, "--steps", str(ESTIMATE_STEPS)),
+                needs_gpu=False),
+        RunSpec("mp_bf16_plain", 1, one, False, (*gemm, "--backend", one, "--steps", str(ESTIMATE_STEPS),
+                                                 "--precision", "bf16"), needs_gpu=False),
     ]
 
 
@@ -893,6 +913,48 @@ def check_overhead(pardiag_runs: list[RunResult], plain_runs: list[RunResult], m
     return check, fig
 
 
+def estimate_figures(analysis: dict[str, Any], fp32_steps: list[dict[str, Any]],
+                     bf16_steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The mixed_precision finding's estimate on the fp32 run and the saving measured
+    between the plain fp32 and bf16 runs (their medians, warm-up steps left out)."""
+    fp32, bf16 = _median_ms(_durations(fp32_steps, overhead.SKIP_FIRST)), _median_ms(_durations(bf16_steps, overhead.SKIP_FIRST))
+    measured = 100 * (1 - bf16 / fp32) if fp32 and bf16 else None
+    f = next((f for f in analysis.get("findings") or [] if f.get("lever") == "mixed_precision"), None)
+    est = (f or {}).get("estimate") or {}
+    saving = (f or {}).get("est_saving_pct")
+    return {"fp32_ms": fp32, "bf16_ms": bf16, "measured_pct": measured, "finding": f is not None,
+            "estimated_pct": saving, "method": est.get("method"), "factors": est.get("factors"),
+            "refused": est.get("refused"), "levers": [x.get("lever") for x in analysis.get("findings") or []],
+            "error_pp": saving - measured if saving is not None and measured is not None else None}
+
+
+def estimate_problems(fig: dict[str, Any], max_error: float) -> list[str]:
+    if fig["measured_pct"] is None:
+        return ["no step times to measure the saving with (a plain run missing)"]
+    if not fig["finding"]:
+        return [f"bf16 saved {fig['measured_pct']:.1f}% of the fp32 step, but the fp32 run has no mixed_precision "
+                f"finding (findings: {', '.join(fig['levers']) or 'none'})"]
+    if fig["error_pp"] is None:
+        return ["the mixed_precision finding has no estimate"]
+    if abs(fig["error_pp"]) > max_error:
+        return [f"mixed_precision estimated {fig['estimated_pct']:.1f}%, measured {fig['measured_pct']:.1f}% "
+                f"({fig['error_pp']:+.1f} pp; limit {max_error:g}; {fig['method']})"]
+    return []
+
+
+def check_estimate(fp32: RunResult, fp32_plain: RunResult, bf16_plain: RunResult) -> tuple[Check, Figures]:
+    def script_log(r: RunResult) -> list[dict[str, Any]]:
+        return overhead.parse_steps_jsonl(_read_lines(Path(f"{r.steps_log}.rank0")))
+
+    fig = estimate_figures(fp32.analysis or {}, script_log(fp32_plain), script_log(bf16_plain))
+    check = Check("estimate", estimate_problems(fig, MAX_ESTIMATE_ERROR_PP))
+    if fig["error_pp"] is not None:
+        check.detail = (f"mixed precision estimated {fig['estimated_pct']:.1f}% ({fig['method']}), measured "
+                        f"{fig['measured_pct']:.1f}% ({fig['fp32_ms']:.1f} -> {fig['bf16_ms']:.1f} ms): "
+                        f"{fig['error_pp']:+.1f} pp")
+    return check, fig
+
+
 def _guarded(name: str, needs: bool, why: str, fn: Callable[[], tuple[Check, Figures]]) -> tuple[Check, Figures]:
     """A check that cannot run, or that breaks, fails with one line instead of stopping the others."""
     if not needs:
@@ -926,6 +988,9 @@ def evaluate(results: list[RunResult], versions: dict[str, Any], max_overhead: f
         ("gpu_vs_hta", _guarded("gpu vs HTA", bool(gpu_runs), no_gpu_run, lambda: check_hta(gpu_runs, work))),
         ("step_time", _guarded("overhead", "nccl" in done and "plain" in done, "needs the nccl and plain runs",
                                lambda: check_overhead(*pairs, max_overhead))),
+        ("estimate", _guarded("estimate", all(n in done for n in ("mp_fp32", "mp_fp32_plain", "mp_bf16_plain"))
+                              and done["mp_fp32"].analysis is not None, "needs the three mp_* runs",
+                              lambda: check_estimate(done["mp_fp32"], done["mp_fp32_plain"], done["mp_bf16_plain"]))),
     ):
         checks.append(check)
         figures.update({key: fig} if key else fig)
@@ -975,6 +1040,11 @@ def figure_lines(figures: dict[str, Any]) -> list[str]:
                      f"x{_fmt(s['ratio_script_timer'], '.3f')}; profiled steps x{_fmt(s['active_ratio'], '.3f')}"
                      + ("; by pair " + ", ".join(f"x{_fmt(p['ratio'], '.3f')}" for p in s["pairs"])
                         if s.get("pairs") else ""))
+    e = figures.get("estimate")
+    if e and e.get("measured_pct") is not None:
+        lines.append(f"mixed precision: fp32 {_fmt(e['fp32_ms'], '.1f')} ms, bf16 {_fmt(e['bf16_ms'], '.1f')} ms: "
+                     f"measured {_fmt(e['measured_pct'], '.1f')}%, estimated {_fmt(e['estimated_pct'], '.1f')}% "
+                     f"({e.get('method') or 'no finding'})")
     return lines
 
 

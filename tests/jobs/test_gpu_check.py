@@ -267,6 +267,24 @@ def test_two_pairs_are_pooled_and_each_is_shown() -> None:
     assert "pairs" not in one and one["ratio"] == pytest.approx(12 / 11)
 
 
+def test_the_estimate_check_by_hand() -> None:
+    fp32 = _steps([90e3] * 3 + [200e3, 210e3, 190e3])  # median 200 ms after the 3 warm-up steps
+    bf16 = _steps([90e3] * 3 + [30e3, 30e3, 31e3])  # 30 ms: 85% saved
+    f = {"lever": "mixed_precision", "est_saving_pct": 80.0,
+         "estimate": {"method": "replay", "factors": [{"name": "GEMM speed-up", "value": 11.0}], "refused": None}}
+    fig = gpu_check.estimate_figures({"findings": [f]}, fp32, bf16)
+    assert fig["fp32_ms"] == 200.0 and fig["bf16_ms"] == 30.0 and fig["measured_pct"] == pytest.approx(85.0)
+    assert fig["error_pp"] == pytest.approx(-5.0) and fig["method"] == "replay"
+    assert gpu_check.estimate_problems(fig, 5.0) == []
+    assert gpu_check.estimate_problems(fig, 4.0) == [
+        "mixed_precision estimated 80.0%, measured 85.0% (-5.0 pp; limit 4; replay)"]
+    none = gpu_check.estimate_figures({"findings": [{"lever": "host_overhead"}]}, fp32, bf16)
+    assert gpu_check.estimate_problems(none, 5.0) == [
+        "bf16 saved 85.0% of the fp32 step, but the fp32 run has no mixed_precision finding (findings: host_overhead)"]
+    missing = gpu_check.estimate_figures({"findings": [f]}, fp32, [])
+    assert gpu_check.estimate_problems(missing, 5.0)[0].startswith("no step times")
+
+
 # --------------------------------------------------------------------------- set-up and output
 
 
@@ -362,13 +380,15 @@ def test_cpu_dry_run_end_to_end(tmp_path: Path) -> None:
     assert proc.returncode == gpu_check.EXIT_FAILED, proc.stdout + proc.stderr
     doc = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     status = {c["name"]: c["ok"] for c in doc["checks"]}
-    runs = {f"run {n}": True for n in ("nccl", "plain", "gloo2", "probe", "plain2", "nccl2")}
+    runs = {f"run {n}": True for n in ("nccl", "plain", "gloo2", "probe", "plain2", "nccl2",
+                                       "mp_fp32", "mp_fp32_plain", "mp_bf16_plain")}
     assert status == {"requirements": True, **runs,
                       "nccl": False, "kernels": False, "nvml": False, "memory": False, "gpu vs HTA": False,
-                      "overhead": status["overhead"]}
+                      "overhead": status["overhead"], "estimate": status["estimate"]}
+    assert doc["figures"]["estimate"]["fp32_ms"] > 0 and doc["figures"]["estimate"]["bf16_ms"] > 0
     steps = doc["figures"]["step_time"]
     assert steps["ratio"] > 0 and steps["steps"]["plain"] == 40 and len(steps["pairs"]) == 2
-    assert sorted(doc["figures"]["kernels"]) == ["gloo2", "nccl", "nccl2", "probe"]
+    assert sorted(doc["figures"]["kernels"]) == ["gloo2", "mp_fp32", "nccl", "nccl2", "probe"]
     assert sorted(doc["figures"]["kernels"]["gloo2"]) == ["0", "1"]
     assert (tmp_path / "out" / "gpu_check_runs.tar.gz").is_file()
     fails = [ln for ln in proc.stdout.splitlines() if ln.startswith("FAIL")]
