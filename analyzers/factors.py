@@ -125,9 +125,11 @@ def weighted_speedup(rows: Sequence[tuple[float, float]]) -> float | None:
 
 def _kind_words(rows: Sequence[GemmRow]) -> str:
     conv = sum("conv" in r.op for r in rows)
-    mm = len(rows) - conv
-    parts = [f"{n} {w} shape{'s' if n != 1 else ''}" for n, w in ((mm, "matmul"), (conv, "convolution")) if n]
-    return " and ".join(parts)
+    att = sum("attention" in r.op for r in rows)
+    mm = len(rows) - conv - att
+    parts = [f"{n} {w} shape{'s' if n != 1 else ''}" for n, w in ((mm, "matmul"), (conv, "convolution"),
+                                                                 (att, "attention")) if n]
+    return " and ".join(parts) if len(parts) < 3 else f"{parts[0]}, {parts[1]} and {parts[2]}"
 
 
 def read_gemm(run_dir: str | Path) -> Read[GemmFactor]:

@@ -41,7 +41,12 @@ from typing import Any
 import msgspec
 
 GEMM_OPS = re.compile(
-    r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|conv[123]d|convolution|_convolution|convolution_backward)$")
+    r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|conv[123]d|convolution|_convolution|convolution_backward"
+    r"|scaled_dot_product_attention|_scaled_dot_product_\w*attention\w*_backward)$")
+"""The operators whose time a lower precision changes at their shapes: matrix multiplies,
+convolutions, and attention with its backward (autocast lowers it too; on a CPU with
+bf16 units bf16's flash-attention backward ran 7.6x slower than fp32's, where the
+matrix multiplies ran 3x faster: the bundled example got no faster from bf16)."""
 FOLLOWERS = re.compile(
     r"^aten::(relu|gelu|silu|sigmoid|tanh|hardtanh|leaky_relu|elu|mish|hardswish|hardsigmoid|softplus|dropout"
     r"|native_dropout)_?$")

@@ -316,7 +316,10 @@ ITEM_OPS = re.compile(r"^aten::(_local_scalar_dense|nonzero)$")
 # synchronisation only when one of them runs inside it on its thread: a read of a CPU
 # tensor (an optimizer's step counter, DDP's map of used parameters) calls none.
 DEVICE_READ_CALLS = re.compile(r"^(cuda|hip)(Memcpy\w*|DeviceSynchronize|StreamSynchronize|EventSynchronize)(_v\d+)?$")
-CPU_GEMM = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|_convolution|mkldnn_convolution|convolution_backward|conv\dd)$")
+CPU_GEMM = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|_convolution|mkldnn_convolution|convolution_backward|conv\dd"
+                      r"|scaled_dot_product_attention|_scaled_dot_product_\w*attention\w*_backward)$")
+"""Matrix multiplies, convolutions and attention (whose work is matrix multiplies, and
+which autocast lowers as it does them) on a CPU."""
 
 
 def gemm_dtype(name: str) -> str:

@@ -134,23 +134,52 @@ class Timer:
         return (time.perf_counter() - t0) / inner
 
 
+KEEP_FLOAT32 = frozenset({"logsumexp"})
+"""Backward inputs that stay float32 under autocast (the flash-attention forward returns
+its logsumexp in float32 whatever the type of q, k and v)."""
+
+
+def _schema_arguments(op: Any) -> list[Any]:
+    try:
+        return list(op.default._schema.arguments)
+    except (AttributeError, RuntimeError):
+        return []
+
+
+def split_arguments(op: Any, args: list[Any]) -> tuple[list[Any], dict[str, Any]]:
+    """(positional, keyword) as the operator's schema takes them: the arguments the
+    schema makes keyword-only (attention's ``scale``, ``enable_gqa``) by name, since the
+    trace records every argument in order."""
+    schema = _schema_arguments(op)
+    if not any(a.kwarg_only for a in schema):
+        return args, {}
+    pos = [v for i, v in enumerate(args) if i >= len(schema) or not schema[i].kwarg_only]
+    kw = {schema[i].name: v for i, v in enumerate(args) if i < len(schema) and schema[i].kwarg_only}
+    return pos, kw
+
+
 def time_shape(shape: dict[str, Any], device: str, half: torch.dtype, budget_s: float) -> dict[str, Any]:
     """{fp32_us, half_us, speedup, repeats} for one shape, within about `budget_s`."""
     op = getattr(torch.ops.aten, shape["op"].split("::", 1)[1])
     with torch.no_grad():
         a32 = build_args(shape, torch.float32, device)
+        p32, k32 = split_arguments(op, a32)
         if shape.get("backward"):
             ah = build_args(shape, half, device)
+            for i, arg in enumerate(_schema_arguments(op)[:len(ah)]):
+                if arg.name in KEEP_FLOAT32:
+                    ah[i] = a32[i]
+            ph, kh = split_arguments(op, ah)
 
             def run_half() -> Any:
-                return op(*ah)
+                return op(*ph, **kh)
         else:
             def run_half() -> Any:
                 with torch.autocast(device_type=device, dtype=half):
-                    return op(*a32)
+                    return op(*p32, **k32)
 
         def run_fp32() -> Any:
-            return op(*a32)
+            return op(*p32, **k32)
 
         timer = Timer(device)
         t0 = time.perf_counter()

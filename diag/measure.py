@@ -433,9 +433,11 @@ def _measure(run: rundir.RunDir, cmd: Sequence[str], host: str, mine: Sequence[i
             doc = measure_gemm(run, rank, run.find_trace(rank)[0], metas.get(rank), python, environ)  # type: ignore[arg-type]
             out["gemm"] = _status(doc)
             if doc.get("status") == "ok":
+                x = doc["speedup"]
                 say(f"{doc['to_dtype']} runs the top {sum(1 for r in doc['shapes'] if r.get('speedup'))} GEMM shapes "
-                    f"({doc['covered_share']:.0%} of the GEMM time) {doc['speedup']:.2f}x faster "
-                    f"(measured in {doc['seconds']:.1f} s)")
+                    f"({doc['covered_share']:.0%} of the GEMM time) "
+                    + (f"{x:.2f}x faster" if x >= 1 else f"at {x:.2f}x the speed of float32: slower")
+                    + f" (measured in {doc['seconds']:.1f} s)")
             else:
                 say(f"GEMM speed-up not measured: {doc.get('reason')}")
         lowest = min(metas) if metas else None

@@ -26,12 +26,17 @@ def record(path: Path) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 64))
     conv = nn.Conv2d(8, 16, 3, padding=1)
-    x, img = torch.randn(128, 256), torch.randn(4, 8, 16, 16)
+    qkv = nn.Linear(64, 3 * 64)
+    x, img, tokens = torch.randn(128, 256), torch.randn(4, 8, 16, 16), torch.randn(8, 128, 64)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
                  on_trace_ready=lambda p: p.export_chrome_trace(str(path)),
                  schedule=schedule(wait=0, warmup=1, active=ACTIVE)) as p:
         for _ in range(1 + ACTIVE):
-            (model(x).sum() + conv(img).sum()).backward()
+            # attention over 8 sequences of 128 tokens, 4 heads of 16: its forward and the
+            # flash-attention backward are timed like the matrix multiplies
+            q, k, v = qkv(tokens).view(8, 128, 3, 4, 16).permute(2, 0, 3, 1, 4)
+            att = nn.functional.scaled_dot_product_attention(q, k, v)
+            (model(x).sum() + conv(img).sum() + att.sum()).backward()
             p.step()
 
 
@@ -53,7 +58,11 @@ def test_every_top_shape_is_timed_in_fp32_and_bf16(run: rundir.RunDir, measured:
     assert measured["status"] == "ok", measured.get("reason")
     assert [(r["op"], r["dims"], r["backward"], r["calls"]) for r in measured["shapes"]] == [
         (s.op, [list(d) if d is not None else None for d in s.dims], s.backward, s.calls) for s in top]
-    assert {r["op"] for r in measured["shapes"]} >= {"aten::linear", "aten::conv2d", "aten::mm"}
+    assert {r["op"] for r in measured["shapes"]} >= {"aten::linear", "aten::conv2d", "aten::mm",
+                                                      "aten::scaled_dot_product_attention"}
+    # the backward takes its scale as a keyword and its logsumexp in float32 under autocast
+    assert any(r["op"].startswith("aten::_scaled_dot_product_") and r["op"].endswith("_backward")
+               for r in measured["shapes"]), [r["op"] for r in measured["shapes"]]
     for r in measured["shapes"]:
         assert r["error"] is None and r["fp32_us"] > 0 and r["half_us"] > 0
         assert r["speedup"] == pytest.approx(r["fp32_us"] / r["half_us"])
@@ -71,6 +80,8 @@ def test_the_file_reads_back_as_the_time_weighted_speedup(run: rundir.RunDir, me
     assert g.covered_share == pytest.approx(sum(r["trace_us"] for r in rows) / total)
     assert [r.trace_us for r in g.rows] == [r["trace_us"] for r in rows]
     assert "timed in fp32 and bf16 autocast on this host's CPU after the job" in g.source
+    att = sum("attention" in r["op"] for r in rows)
+    assert att >= 2 and f"{att} attention shapes" in g.source, g.source
 
 
 def test_a_job_python_without_torch_fails_in_one_line(run: rundir.RunDir, python_without_torch: Path,
