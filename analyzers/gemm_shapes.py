@@ -47,6 +47,10 @@ GEMM_OPS = re.compile(
 convolutions, and attention with its backward (autocast lowers it too; on a CPU with
 bf16 units bf16's flash-attention backward ran 7.6x slower than fp32's, where the
 matrix multiplies ran 3x faster: the bundled example got no faster from bf16)."""
+GEMM_OPS_DEVICE = re.compile(
+    r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|conv[123]d|convolution|_convolution|convolution_backward)$")
+"""In a GPU trace: matrix multiplies and convolutions alone, since the replay scales the
+GEMM kernels there (`rank_trace.GEMM`), not attention's: the factor is theirs."""
 FOLLOWERS = re.compile(
     r"^aten::(relu|gelu|silu|sigmoid|tanh|hardtanh|leaky_relu|elu|mish|hardswish|hardsigmoid|softplus|dropout"
     r"|native_dropout)_?$")
@@ -189,10 +193,11 @@ def gemm_shapes(path: str | Path) -> GemmShapes:
             if ext is not None:
                 kernel_us[ext] = kernel_us.get(ext, 0.0) + k.dur
     device = bool(kernel_us)
+    gemm_ops = GEMM_OPS_DEVICE if device else GEMM_OPS
 
     per_thread: dict[tuple[Any, Any], list[_Op]] = {}
     for o in events:
-        if o.cat == "cpu_op" and (device or GEMM_OPS.match(o.name) or o.name.startswith(BACKWARD_SPAN)):
+        if o.cat == "cpu_op" and (device or gemm_ops.match(o.name) or o.name.startswith(BACKWARD_SPAN)):
             per_thread.setdefault((o.pid, o.tid), []).append(o)
     nests: dict[tuple[Any, ...], list[list[float]]] = {}
     with_shapes = False
@@ -210,7 +215,7 @@ def gemm_shapes(path: str | Path) -> GemmShapes:
                 if device and current is not None:
                     current[0] += kernel_us.get(_ext(o.args) or -1, 0.0)
                 continue
-            if not GEMM_OPS.match(o.name):
+            if not gemm_ops.match(o.name):
                 continue
             gemm_end = end
             current = None
