@@ -10,7 +10,7 @@ import re
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
 from pardiag import rundir
 from pardiag.analysis import Analysis, GpuTime, Notice, RankResult, StepTime
@@ -615,29 +615,29 @@ def _self_checks(
         notices.append(Notice("info", f"bus bandwidth left out for {', '.join(unsized)}: the traces do not give the "
                                       "size of their process group (no 'Group size', 'Process Group Ranks' or "
                                       "pg_config); the algorithm bandwidth is shown"))
-    if matched.unmatched:
-        notices.append(Notice("warning", f"{matched.unmatched} collectives appear in one rank's trace only (profiled windows "
-                                         "that cover different steps, or a sampled trace): left out of the collective "
-                                         "times, as their wait cannot be told from their transfer"))
-    if matched.mismatched_size:
-        notices.append(Notice("warning", f"{matched.mismatched_size} collectives have different sizes on different ranks at "
-                                         "the same position: not the same operation (a sampled trace, or process groups "
-                                         "the traces do not name); left out of the matching"))
-    if matched.launch_only_alone:
-        notices.append(Notice("info", f"{matched.launch_only_alone} collectives ran in process groups of one rank: NCCL "
-                                      "moves no data for them (no kernel, at most a local copy or reduce), so none is "
-                                      "timed as communication"))
-    if matched.launch_only > matched.launch_only_alone:
-        notices.append(Notice("warning", f"{matched.launch_only - matched.launch_only_alone} NCCL collectives have no "
-                                         "kernel in the traces (a sampled or CPU-only trace): counted, but not timed"))
-    if matched.mismatched_unnamed:
-        notices.append(Notice("warning", f"{matched.mismatched_unnamed} collectives differ in type between ranks at the same "
-                                         "position; the traces do not name process groups, so collectives of different "
-                                         "groups (or a sampled trace) may be mixed"))
-    if matched.mismatched > matched.mismatched_unnamed:
-        notices.append(Notice("error", f"{matched.mismatched - matched.mismatched_unnamed} collectives differ in type between "
-                                       "ranks at the same position of one process group: the ranks issue collectives in "
-                                       "different orders (a hang risk)"))
+    m = matched
+    left_out: tuple[tuple[int, Literal["error", "warning", "info"], str], ...] = (
+        # what the matching left out or could not time, one notice each
+        (m.unmatched, "warning", "collectives appear in one rank's trace only (profiled windows that cover different "
+                                 "steps, or a sampled trace): left out of the collective times, as their wait cannot "
+                                 "be told from their transfer"),
+        (m.mismatched_size, "warning", "collectives have different sizes on different ranks at the same position: not "
+                                       "the same operation (a sampled trace, or process groups the traces do not "
+                                       "name); left out of the matching"),
+        (m.launch_only_alone, "info", "collectives ran in process groups of one rank: NCCL moves no data for them (no "
+                                      "kernel, at most a local copy or reduce), so none is timed as communication"),
+        (m.launch_only - m.launch_only_alone, "warning", "NCCL collectives have no kernel in the traces (a sampled or "
+                                                         "CPU-only trace): counted, but not timed"),
+        (m.mismatched_unnamed, "warning", "collectives differ in type between ranks at the same position; the traces "
+                                          "do not name process groups, so collectives of different groups (or a "
+                                          "sampled trace) may be mixed"),
+        (m.mismatched - m.mismatched_unnamed, "error", "collectives differ in type between ranks at the same position "
+                                                       "of one process group: the ranks issue collectives in different "
+                                                       "orders (a hang risk)"),
+    )
+    for count, level, text in left_out:
+        if count > 0:
+            notices.append(Notice(level, f"{count} {text}"))
     if world and inputs:
         missing = sorted(set(range(world)) - {i.rank for i in inputs})
         if missing and len(missing) < world:
