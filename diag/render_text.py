@@ -198,6 +198,9 @@ def print_summary(a: Analysis, console: Console | None = None, next_for: str | N
         print_nccl(a, console)
     if a.findings:
         print_findings(a, console)
+    elif a.ranks:
+        console.print(Text("what to change: no finding (no lever pardiag knows would make this run faster)",
+                           style="green"))
     for n in a.notices:
         style = {"error": "red", "warning": "yellow"}.get(n.level, "dim")
         console.print(Text(f"{n.level}: {n.message}", style=style))

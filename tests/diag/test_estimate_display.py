@@ -127,3 +127,13 @@ def test_a_critical_path_without_its_tops_names_the_largest() -> None:
     rows = critical_path_rows(got)
     assert [r[1] for r in rows if r[0] == "rank"] == ["rank 1", "rank 0"]
     assert sum(r[3] for r in rows if r[0] == "phase") == pytest.approx(1.0)  # the phases tile the path
+
+
+def test_the_terminal_summary_says_when_nothing_was_found() -> None:
+    from pardiag.render_text import summary_text
+
+    a = small()
+    assert a.findings and "no finding" not in summary_text(a, width=200)
+    none = replace(a, findings=[])
+    assert "what to change: no finding (no lever pardiag knows would make this run faster)" in summary_text(none, width=200)
+    assert "no finding" not in summary_text(replace(none, ranks=[]), width=200)  # nothing analysed: nothing said
