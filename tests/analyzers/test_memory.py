@@ -227,3 +227,26 @@ def test_batch_size_says_how_much_larger_a_batch_fits() -> None:
     assert "batch_size" not in run(35 * GB, 40 * GB)
     assert "batch_size" in _levers(analysis([rank(0, compute=0.3)], {"device": {"total_memory_bytes": 80 * GB},
                                                                       "peak_memory_reserved_bytes_max": 20 * GB}))
+
+
+def test_batch_size_takes_the_gpu_busy_time_from_the_kernels() -> None:
+    """gloo on CUDA tensors: 30% of the window is exposed communication on the host
+    (gloo's threads), 10% compute; the kernels keep the GPU busy 10% of their span
+    (HTA's idle 90 of 100 ms), so the finding says 10%, not the breakdown's 40%. Without a
+    gpu block the breakdown's share stands; a GPU 60% busy by its kernels gets no finding."""
+    from dataclasses import replace
+
+    from factories import GB, analysis, rank
+    from pardiag.analysis import GpuTime
+
+    fw = {"device": {"total_memory_bytes": 80 * GB}, "peak_memory_reserved_bytes_max": 20 * GB}
+    r = rank(0, compute=0.1, comm_exposed=0.3)
+
+    def gpu(idle_us: float) -> GpuTime:
+        return GpuTime(span_us=100_000.0, compute_us=100_000.0 - idle_us, comm_us=0.0, overlap_us=0.0,
+                       memory_us=0.0, idle_us=idle_us)
+
+    f = _levers(analysis([replace(r, gpu=gpu(90_000.0))], fw))["batch_size"]
+    assert f.title.startswith("the GPU is busy 10% of the step")
+    assert _levers(analysis([r], fw))["batch_size"].title.startswith("the GPU is busy 40% of the step")
+    assert "batch_size" not in _levers(analysis([replace(r, gpu=gpu(40_000.0))], fw))
