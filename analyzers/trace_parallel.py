@@ -114,15 +114,44 @@ def _part_of(ex: tr._Extractor) -> _Part:
                  ex.n_events, ex.ts_fractional, ex.min_ts)
 
 
-def _decode_block(block: bytes | bytearray, python_functions: bool) -> _Part | None:
-    """In a worker: one block's events as a part; None when the block does not decode."""
+_PIECE_BYTES = 256 << 10
+"""Bytes of JSON a worker decodes at a time: a block's decoded events are tens of
+thousands of small objects whose memory Python's allocator keeps once grown to hold
+them, in every process that decodes."""
+
+
+def _decode_block(block: bytes | bytearray, sep: bytes | None, python_functions: bool,
+                  piece: int = _PIECE_BYTES) -> _Part | None:
+    """In a worker: one block's events (``[`` + events + ``]``) as a part, decoded
+    ``piece`` bytes at a time, cut at ``sep``; None when the block does not decode."""
+    buf = block if isinstance(block, bytearray) else bytearray(block)
+    view = memoryview(buf)
     with tr.gc_paused():
-        events = tr._decode_events(block)
+        ex = tr._Extractor(python_functions)
+        s = 1  # the first byte of the next piece's events (a '{')
+        while sep and len(buf) - s > piece + piece // 2:
+            k = buf.find(sep, s + piece)
+            if k < 0:
+                break
+            opened, closed = buf[s - 1], buf[k + 1]
+            buf[s - 1], buf[k + 1] = ord("["), ord("]")
+            events = tr._decode_events(view[s - 1:k + 2])
+            if events is not None:
+                ex.add(events)
+            buf[s - 1], buf[k + 1] = opened, closed
+            if events is None:  # a separator inside a string: the rest as one
+                break
+            del events
+            s = k + len(sep) - 1
+        opened = buf[s - 1]
+        buf[s - 1] = ord("[")
+        events = tr._decode_events(view[s - 1:])
         if events is None:
             return None
-        ex = tr._Extractor(python_functions)
         ex.add(events)
         del events
+        buf[s - 1] = opened
+        view.release()
         return _part_of(ex)
 
 
@@ -262,7 +291,7 @@ def _stream(f: io.BufferedIOBase, buf: bytearray, sep: bytes, block: int, submit
     while True:
         k = buf.rfind(sep)
         if k > 0:
-            submit(_decode_block, b"".join((memoryview(buf)[:k + 1], b"]")))
+            submit(_decode_block, b"".join((memoryview(buf)[:k + 1], b"]")), sep)
             rest = bytearray(b"[")
             rest += memoryview(buf)[k + len(sep) - 1:]
             buf = rest
@@ -300,7 +329,7 @@ def _ranges(path: Path, start: int, sep: bytes, block: int, submit: Any) -> byte
             if k < 0:
                 return None
             end = probe + k + 1  # after the event's '}'
-            submit(_decode_range, str(path), at, end - at)
+            submit(_decode_range, str(path), at, end - at, sep)
             at = probe + k + len(sep) - 1
         # the rest but its last events to a worker too: what is decoded here (after the
         # list's last separator) waits for no one, but holds up the workers' core
@@ -308,7 +337,7 @@ def _ranges(path: Path, start: int, sep: bytes, block: int, submit: Any) -> byte
         f.seek(tail_at)
         k = f.read().rfind(sep)
         if k >= 0 and tail_at + k > at:
-            submit(_decode_range, str(path), at, tail_at + k + 1 - at)
+            submit(_decode_range, str(path), at, tail_at + k + 1 - at, sep)
             at = tail_at + k + len(sep) - 1
         f.seek(at)
         rest = bytearray(b"[")
@@ -316,7 +345,7 @@ def _ranges(path: Path, start: int, sep: bytes, block: int, submit: Any) -> byte
     return rest
 
 
-def _decode_range(path: str, offset: int, length: int, python_functions: bool) -> _Part | None:
+def _decode_range(path: str, offset: int, length: int, sep: bytes, python_functions: bool) -> _Part | None:
     """In a worker: the events in ``length`` bytes of the file from ``offset``."""
     buf = bytearray(length + 2)
     buf[0], buf[-1] = ord("["), ord("]")
@@ -324,4 +353,4 @@ def _decode_range(path: str, offset: int, length: int, python_functions: bool) -
         f.seek(offset)
         if f.readinto(memoryview(buf)[1:length + 1]) != length:
             return None
-    return _decode_block(buf, python_functions)
+    return _decode_block(buf, sep, python_functions)

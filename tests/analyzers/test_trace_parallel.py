@@ -149,3 +149,65 @@ def test_another_thread_running_does_not_stop_it(tmp_path: Path) -> None:
         t.join()
     assert parallel is not None
     same(parallel, load_trace(path, workers=1))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_id_columns_are_int32_until_a_value_does_not_fit(tmp_path: Path, workers: int) -> None:
+    # ids are kept in int32 where a block's values fit (half their memory); one block
+    # with a correlation beyond int32 makes that column int64, its values exact
+    big = (1 << 40) + 3
+    events = [kernel("k", 10 + i, 5, 1 + i) for i in range(3000)]
+    events[2500]["args"]["correlation"] = big
+    path = write_kineto_trace(tmp_path / "t.json", events)
+    t = (load_trace(path, workers=1, block_bytes=8192) if workers == 1
+         else trace_parallel.load_parallel(path, 2, block_bytes=8192))
+    assert t is not None and len(t.gpu) == 3000
+    assert t.gpu.correlation.dtype == np.int64
+    assert t.gpu.correlation[2500] == big and t.gpu.correlation[2499] == 2500 and t.gpu.correlation[0] == 1
+    assert (t.gpu.stream.dtype, t.gpu.device.dtype, t.gpu.external_id.dtype) == (np.int32,) * 3
+    assert t.gpu.stream.tolist() == [7] * 3000
+
+    events[2500]["args"]["correlation"] = 2501
+    small = load_trace(write_kineto_trace(tmp_path / "s.json", events), workers=1, block_bytes=8192)
+    assert small.gpu.correlation.dtype == np.int32
+    assert small.gpu.correlation.tolist() == list(range(1, 3001))
+
+
+@pytest.mark.parametrize("odd", [False, True], ids=["plain", "separator-in-a-name"])
+def test_a_block_decoded_in_pieces_is_the_block_decoded_at_once(tmp_path: Path, odd: bool,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # 300 kernels of about 200 bytes on one line (json.dumps: separator '}, {') cut into
+    # pieces of about 1 KB, each piece size of a 200-byte range in turn, so that the cut
+    # lands at every place inside an event: the same part as one decode each time. With
+    # a separator inside the names of kernels 30-59 some cuts land inside a name: that
+    # piece fails to decode and the rest is decoded as one.
+    names = ["k"] * 300
+    if odd:
+        names[30:60] = ["odd}, {name"] * 30
+    path = write_kineto_trace(tmp_path / "t.json", [kernel(n, 10 + i, 5, 1) for i, n in enumerate(names)],
+                              layout="dumps")
+    text = path.read_bytes()
+    head = trace_parallel._head(open(path, "rb"), path, 1 << 20, trace_module._Extractor(False))
+    assert head is not None
+    start, sep, _ = head
+    assert sep == b"}, {" and text.count(sep) == 299 + 30 * odd
+    end = text.rfind(sep) + 1  # the events but the last
+    block = bytearray(b"[" + text[start:end] + b"]")  # as a worker reads it: cut in place
+    whole = trace_parallel._decode_block(bytes(block), None, False)
+    assert whole is not None and whole.n_events == 299
+    decoded: list[bool] = []
+    real = trace_module._decode_events
+    monkeypatch.setattr(trace_module, "_decode_events", lambda b, *a: (
+        r := real(b, *a), decoded.append(r is not None))[0])
+    fell_back = 0
+    for piece in range(1024, 1224, 3):
+        decoded.clear()
+        pieces = trace_parallel._decode_block(block, sep, False, piece=piece)
+        assert pieces is not None and len(decoded) > 5, piece  # decoded in pieces
+        assert decoded.count(False) <= 1 and decoded[-1], piece  # at most one failed: then the rest at once
+        fell_back += decoded.count(False)
+        assert pieces.n_events == 299 and pieces.names == whole.names, piece
+        assert block == b"[" + text[start:end] + b"]", piece  # the bytes cut in place are put back
+        for col in whole.gpu:
+            assert np.array_equal(pieces.gpu[col], whole.gpu[col]), (piece, col)
+    assert (fell_back > 0) == odd, fell_back
