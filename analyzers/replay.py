@@ -40,7 +40,7 @@ import math
 import re
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -142,7 +142,15 @@ class Straggler:
     median total of that phase in that step (over the window where a step is not
     every rank's). Only the phases that made it late (``STRAGGLER_PHASE_SHARE``), or
     with ``every_phase`` all of them: a cause that slows the whole rank (a CPU it
-    shares with another process slows its every operator), not one part of its step."""
+    shares with another process slows its every operator), not one part of its step.
+    Its waits are always set to its peers': what a wait keeps is the wake-up after what
+    it waited for, and a straggler on a shared CPU wakes late (one recording of the 2-rank
+    straggler job: its loop woke 4.1 and 3.8 ms after the step's last all-reduce in 2 of
+    the window's 3 steps, its peer 0.06-0.09 ms; kept, they lengthened the edited
+    window's median step from 9.1 to 11.0 ms). Its collectives stay as they are (they
+    end with the group's). A straggler that began the window after its peers begins it
+    with them (its lag was its slowness in the step before: one recording's straggler
+    began 4.5 ms late, and the edited window's first step kept the 4.5 ms)."""
 
     rank: int
     every_phase: bool = False
@@ -239,8 +247,26 @@ class RegroupBuckets:
     beta_us_per_byte: float
 
 
+@dataclass(frozen=True)
+class UncontendedCollectives:
+    """The collectives of ``ranks`` (ranks whose CPU another process shared) re-timed as
+    without that process: each all-reduce's transfer at most the curve's time for its
+    bytes (``alpha_us + bytes * beta_us_per_byte``, measured after the job), every
+        member's; each pick-up delay of their worker threads, and each time their loop took to
+    wake after a collective it waited for had completed, at most the peers' median (0 where
+    the peers have none: the contended rank woke 4.8 ms per step late, its peer never).
+    On CPUs a collective is the work of every member's worker thread (gloo copies and
+    reduces on the CPU), so a member whose CPU is shared slows it for all: the contended
+    scenario's 2.6 MB all-reduce took 7.3-9.5 ms per call, the same job without the other
+    process 3.0-4.6 ms, the sweep after the job 2.2-2.9 ms. Only ever shortens."""
+
+    ranks: tuple[int, ...]
+    alpha_us: float
+    beta_us_per_byte: float
+
+
 Edit = (Straggler | RemoveHostGaps | CollectivesAtTransfer | ScaleCompute | RemoveInputWait | ScaleGemm
-        | Accumulate | RegroupBuckets | ScalePhase)
+        | Accumulate | RegroupBuckets | ScalePhase | UncontendedCollectives)
 
 
 # ------------------------------------------------------------------------------ results
@@ -873,6 +899,7 @@ class _Applied:
     gone: dict[int, int] = field(default_factory=dict)
     accumulate: int = 1  # micro-batches per optimizer step (``Accumulate``)
     dropped: set[int] = field(default_factory=set)  # collectives that do not run (and sync no one)
+    origin: dict[int, float] = field(default_factory=dict)  # rank -> its window's start, where an edit moved it
 
 
 def _after_optimizer(model: Model) -> list[int]:
@@ -909,6 +936,7 @@ def _apply(model: Model, edits: Sequence[Edit], skip_sync: bool = False) -> _App
     no_sync = False
     accumulate = 1
     dropped: set[int] = set()
+    origin: dict[int, float] = {}
 
     def ranks_of(rs: tuple[int, ...] | None) -> set[int]:
         return set(model.origin) if rs is None else set(rs)
@@ -975,6 +1003,8 @@ def _apply(model: Model, edits: Sequence[Edit], skip_sync: bool = False) -> _App
                         dropped.add(i)
         elif isinstance(ed, RegroupBuckets):
             _regroup(model, ed, dur, delay, gone)
+        elif isinstance(ed, UncontendedCollectives):
+            _uncontended(model, ed, dur, delay)
         elif isinstance(ed, ScalePhase):
             rs = ranks_of(ed.ranks)
             for i, n in enumerate(nodes):
@@ -991,8 +1021,13 @@ def _apply(model: Model, edits: Sequence[Edit], skip_sync: bool = False) -> _App
             mine_at = _phase_totals_by_step(model, ed.rank)
             theirs_at = [_phase_totals_by_step(model, p) for p in peers]
             late = _late_phases(model, ed.rank, mine, theirs, every=ed.every_phase)
+            # a straggler that began the window after its peers did so for its slowness in
+            # the step before: without it, it begins with them
+            start = statistics.median(model.origin[p] for p in peers)
+            if model.origin[ed.rank] > start:
+                origin[ed.rank] = start
             for i, n in enumerate(nodes):
-                if n.rank != ed.rank or n.kind in (COLL, WAIT):
+                if n.rank != ed.rank or n.kind == COLL:
                     continue
                 ph = (n.kind, n.phase)
                 if ph not in late:
@@ -1002,7 +1037,31 @@ def _apply(model: Model, edits: Sequence[Edit], skip_sync: bool = False) -> _App
                     dur[i] *= statistics.median(t.get(at, 0.0) for t in theirs_at) / mine_at[at]
                 elif mine.get(ph, 0.0) > 0:
                     dur[i] *= statistics.median(t.get(ph, 0.0) for t in theirs) / mine[ph]
-    return _Applied(dur, delay, no_sync, gone, accumulate, dropped)
+    return _Applied(dur, delay, no_sync, gone, accumulate, dropped, origin)
+
+
+def _uncontended(model: Model, ed: UncontendedCollectives, dur: list[float], delay: list[float]) -> None:
+    """``UncontendedCollectives``: in place."""
+    nodes = model.nodes
+    hit = set(ed.ranks)
+    peer_delays = [delay[i] for i, n in enumerate(nodes) if n.kind == COLL and n.rank not in hit]
+    cap = statistics.median(peer_delays) if peer_delays else None
+    peers = set(model.origin) - hit
+    if peers:
+        wakes = [dur[i] for i, n in enumerate(nodes) if n.kind == WAIT and n.rank in peers]
+        wake_cap = statistics.median(wakes) if wakes else 0.0  # peers with no wait woke at once
+        for i, n in enumerate(nodes):
+            if n.kind == WAIT and n.rank in hit:
+                dur[i] = min(dur[i], wake_cap)
+    for ids in model.groups.values():
+        if not any(nodes[m].rank in hit for m in ids):
+            continue
+        for m in ids:
+            n = nodes[m]
+            if n.name.startswith("all_reduce") and n.bytes:
+                dur[m] = min(dur[m], ed.alpha_us + n.bytes * ed.beta_us_per_byte)
+            if cap is not None and n.rank in hit:
+                delay[m] = min(delay[m], cap)
 
 
 def _regroup(model: Model, ed: RegroupBuckets, dur: list[float], delay: list[float], gone: dict[int, int]) -> None:
@@ -1106,14 +1165,18 @@ the 2-rank sleep job, 12.4 ms replayed against 15.0 ms run without the sleep).""
 def _late_phases(model: Model, rank: int, mine: Mapping[tuple[str, str], float],
                  theirs: Sequence[Mapping[tuple[str, str], float]], every: bool = False) -> set[tuple[str, str]]:
     """The (kind, phase) pairs of ``rank`` that ``STRAGGLER_PHASE_SHARE`` counts as late;
-    every phase where none is (many small excesses: a slower host) or with ``every``."""
+    every phase where none is (many small excesses: a slower host) or with ``every``. Its
+    waits always: a wait keeps only the wake-up after what it waited for, which is not
+    the rank's own work and barely varies when nothing delays it (0.06-0.2 ms per wake-up
+    on the straggler job's peers and on both ranks with the straggler fixed), so copying
+    the peers' moves nothing in lock-step."""
     window = sum(model.measured_steps.get(rank, {}).values())
     excess = {ph: v - statistics.median(t.get(ph, 0.0) for t in theirs) for ph, v in mine.items()
-              if ph[0] not in (COLL, WAIT)}
+              if ph[0] != COLL}
     if every:
         return set(excess)
     late = {ph for ph, x in excess.items() if window > 0 and x >= STRAGGLER_PHASE_SHARE * window}
-    return late or set(excess)
+    return (late or set(excess)) | {ph for ph in excess if ph[0] == WAIT}
 
 
 def _phase_totals(model: Model, rank: int) -> dict[tuple[str, str], float]:
@@ -1138,6 +1201,51 @@ def _phase_totals_by_step(model: Model, rank: int) -> dict[Any, Any]:
     out[None] = {st for st, _ in model.steps.get(rank, [])}
     return out
 
+
+
+def without_run_queue(model: Model, excess_us: Mapping[int, Mapping[int, float]]) -> Model:
+    """The model with each rank's host time spent on the run queue beyond its usual taken
+    out: ``excess_us[rank][step]`` is the time the rank's training thread was runnable but
+    waited for a core in that profiled step, less its median over the job's unprofiled
+    steps (steps.jsonl ``runq_us``). It is taken from the phases (kind and phase of its
+    loop's thread: a forward, a fetch, a wake-up) that ran longer in that step than their
+    median over the window's steps, the longest excess first, each by at most its excess:
+    a preemption lengthens the one operation it fell in. On a 2-core host the straggler's
+    peer ran its forward in 4.99 ms in a step whose run-queue time was 4.16 ms (0.75-0.85
+    ms in the window's other steps), and a fetch in 4.74 ms (0.48-0.56) in one of 3.98 ms.
+    Waiting for the straggler hid both; once the straggler's edit has nobody wait, the
+    edited window kept them, where the job's own steps wait 0.00-0.13 ms on the run queue.
+    Only edited replays and their baseline read it: the replay error is that of the
+    model as measured. The nodes are copies; the model's are untouched."""
+    nodes = list(model.nodes)
+    changed = False
+    for rank, per_step in excess_us.items():
+        by_step: dict[int, dict[tuple[str, str], list[int]]] = defaultdict(lambda: defaultdict(list))
+        for i in model.streams.get((rank, "host"), []):
+            n = nodes[i]
+            if n.step is not None and n.kind in (WORK, GAP, WAIT) and n.dur > 0:
+                by_step[n.step][(n.kind, n.phase)].append(i)
+        if len(by_step) < 2:
+            continue  # one step: no usual length of a phase to tell the excess by
+        totals = {st: {ph: sum(nodes[i].dur for i in ids) for ph, ids in phases.items()}
+                  for st, phases in by_step.items()}
+        usual = {ph: min(t.get(ph, 0.0) for t in totals.values()) for ph in {ph for t in totals.values() for ph in t}}
+        for st, x in per_step.items():
+            if x <= 0 or st not in totals:
+                continue
+            over = sorted(((v - usual[ph], ph) for ph, v in totals[st].items() if v > usual[ph]), reverse=True)
+            for extra, ph in over:
+                if x <= 0:
+                    break
+                cut = min(extra, x)
+                x -= cut
+                keep = (totals[st][ph] - cut) / totals[st][ph]
+                for i in by_step[st][ph]:
+                    nodes[i] = replace(nodes[i], dur=nodes[i].dur * keep)
+                changed = True
+    if not changed:
+        return model
+    return replace(model, nodes=nodes, base_load=None)
 
 @dataclass(frozen=True)
 class Timeline:
@@ -1275,7 +1383,8 @@ def _schedule(model: Model, ap: _Applied, dur: Sequence[float]) -> Timeline:
                     if any(math.isnan(end[d]) for d in deps[i]):
                         break
                     prev = ids[ptr[s] - 1] if ptr[s] else -1
-                    ready, cause = (end[prev], prev) if prev >= 0 else (model.origin[node.rank], -1)
+                    ready, cause = (end[prev], prev) if prev >= 0 else (
+                        ap.origin.get(node.rank, model.origin[node.rank]), -1)
                     for d in deps[i]:
                         if end[d] > ready:
                             ready, cause = end[d], d

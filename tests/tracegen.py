@@ -147,6 +147,40 @@ def gloo_replay_rank(sleep_us: float = 0.0, arrive_us: float = 2210.0, coll_end_
     return [x("ProfilerStep#1", 0.0, wake + 100, cat="user_annotation"), *ev]
 
 
+
+def shifted(events: list[dict[str, Any]], by: float) -> list[dict[str, Any]]:
+    """The events moved ``by`` us later."""
+    return [{**e, "ts": float(e["ts"]) + by} for e in events]
+
+
+def slow_forward(events: list[dict[str, Any]], extra_us: float) -> list[dict[str, Any]]:
+    """A one-step rank of ``gloo_replay_rank`` whose forward lasts ``extra_us`` longer:
+    everything after it, and the step, that much later."""
+    out = []
+    for e in events:
+        e = dict(e)
+        if e["name"] == "aten::linear":
+            e["dur"] = float(e["dur"]) + extra_us
+        elif e["name"] == "ProfilerStep#1":
+            e["dur"] = float(e["dur"]) + extra_us
+        elif float(e["ts"]) >= 1000.0:
+            e["ts"] = float(e["ts"]) + extra_us
+        out.append(e)
+    return out
+
+
+def two_steps(first: list[dict[str, Any]], second: list[dict[str, Any]], at: float) -> list[dict[str, Any]]:
+    """Two profiled steps of one rank: ``second`` (a one-step rank, as ``gloo_replay_rank``
+    makes) moved to ``at`` as step 2."""
+    out = list(first)
+    for e in shifted(second, at):
+        if e["name"] == "ProfilerStep#1":
+            e = {**e, "name": "ProfilerStep#2"}
+        elif "External id" in e.get("args", {}):
+            e = {**e, "args": {**e["args"], "External id": 2}}
+        out.append(e)
+    return out
+
 # -- counts worked out from a real trace --------------------------------------------------------
 
 

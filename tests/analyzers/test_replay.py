@@ -15,7 +15,8 @@ from pardiag.analyzers.replay import (
 from pardiag.analyzers.trace import load_trace
 from conftest import FIXTURES
 from tracegen import (
-    cpu_op, gloo_replay_rank, launch, launched_kernel, meta_events, step, write_kineto_trace, write_trace)
+    cpu_op, gloo_replay_rank, launch, launched_kernel, meta_events, shifted, slow_forward, step, two_steps,
+    write_kineto_trace, write_trace)
 
 
 def _model(tmp_path: Path, rank0: list[dict[str, object]], rank1: list[dict[str, object]]):  # type: ignore[no-untyped-def]
@@ -80,6 +81,69 @@ def test_a_straggler_keeps_the_phases_that_did_not_make_it_late(tmp_path: Path) 
     assert r.replayed_steps[0][1] == pytest.approx(2530.0)
     assert r.replayed_steps[1][1] == pytest.approx(2530.0)
 
+
+
+def test_a_stragglers_slow_wake_up_after_the_collective_is_part_of_its_excess(tmp_path: Path) -> None:
+    # rank 1 sleeps 300 us and its loop wakes 400 us after the all-reduce is done (at
+    # 3110, not 2730): on a shared CPU the rank that burns the most loses the cores when
+    # it wakes. Its waits are set to rank 0's (20 us) with its late phases: rank 1
+    # arrives at 2210 with rank 0, done 2410, awake 2430, optimizer to 2530. Kept as
+    # measured, it would wake at 2810, step 2910
+    m = _model(tmp_path, gloo_replay_rank(0, 2210, 2710), gloo_replay_rank(300, 2510, 2710, wake_us=3110))
+    base = replay(m)
+    assert base.replayed_steps[1][1] == pytest.approx(3210.0)
+    assert base.error == pytest.approx(0.0, abs=1e-9)
+    r = replay(m, [Straggler(1)])
+    assert r.replayed_steps[1][1] == pytest.approx(2530.0)
+    assert r.replayed_steps[0][1] == pytest.approx(2530.0)
+    # a wake-up only 60 us over rank 0's (< 5% of the step) is set to it all the same:
+    # awake at 2430 instead of 2490
+    (tmp_path / "small").mkdir()
+    m = _model(tmp_path / "small", gloo_replay_rank(0, 2210, 2710), gloo_replay_rank(300, 2510, 2710, wake_us=2790))
+    assert replay(m, [Straggler(1)]).replayed_steps[1][1] == pytest.approx(2530.0)
+
+
+def test_a_straggler_that_began_the_window_late_begins_it_with_its_peers(tmp_path: Path) -> None:
+    # rank 1 began its profiled step 500 us after rank 0 (its slowness in the step
+    # before) and did the same work: forward at 500, the all-reduce from 2710 to 2910
+    # (rank 0 waits in it from 2210), awake 2930, optimizer to 3030: rank 0's step 3030
+    # us. Begun with rank 0 at 0 it arrives at 2210, both done at 2410, awake 2430,
+    # optimizer to 2530
+    (tmp_path / "a").mkdir()
+    m = _model(tmp_path / "a", gloo_replay_rank(0, 2210, 2910), shifted(gloo_replay_rank(0, 2210, 2410), 500.0))
+    base = replay(m)
+    assert base.replayed_steps[0][1] == pytest.approx(3030.0)
+    assert base.replayed_steps[1][1] == pytest.approx(2530.0)
+    r = replay(m, [Straggler(1)])
+    assert r.replayed_steps[0][1] == pytest.approx(2530.0)
+    assert r.replayed_steps[1][1] == pytest.approx(2530.0)
+    # the peer that began late is not moved: only the edited straggler is
+    m = _model(tmp_path / "a", shifted(gloo_replay_rank(0, 2210, 2410), 500.0), gloo_replay_rank(0, 2210, 2910))
+    assert replay(m, [Straggler(0)]).replayed_steps[1][1] == pytest.approx(2530.0)
+    assert replay(m, [Straggler(1)]).replayed_steps[1][1] == pytest.approx(3030.0)
+
+
+def test_the_run_queue_time_of_a_step_comes_off_the_phase_it_lengthened(tmp_path: Path) -> None:
+    # two steps of 2530 us; in step 2 rank 0's forward took 1400 us instead of 1000: it
+    # arrived at 2530 + 2610 = 5140, rank 1 at 4740, done 5340, step 2930 on both. Rank
+    # 0's thread waited 400 us for a core in that step (steps.jsonl runq_us, beyond its
+    # usual): its forward is cut to its shortest in the window (1000 us), and the step
+    # replays at 2530. 250 us on the run queue cut it by 250 only (1150: step 2680)
+    from pardiag.analyzers.replay import without_run_queue
+
+    one = gloo_replay_rank(0, 2210, 2410)
+    rank0 = two_steps(one, slow_forward(gloo_replay_rank(0, 2210, 2410), 400.0), 2530.0)
+    rank1 = two_steps(one, gloo_replay_rank(0, 2210, 2810, wake_us=2830), 2530.0)
+    m = _model(tmp_path, rank0, rank1)
+    base = replay(m)
+    assert base.replayed_steps[0] == pytest.approx({1: 2530.0, 2: 2930.0})
+    assert base.error == pytest.approx(0.0, abs=1e-9)
+    quiet = without_run_queue(m, {0: {2: 400.0}})
+    assert replay(quiet).replayed_steps[0] == pytest.approx({1: 2530.0, 2: 2530.0})
+    assert replay(without_run_queue(m, {0: {2: 250.0}})).replayed_steps[0][2] == pytest.approx(2680.0)
+    # the model itself is untouched; a step with no excess, or a step not in the window, changes nothing
+    assert replay(m).replayed_steps[0][2] == pytest.approx(2930.0)
+    assert without_run_queue(m, {0: {1: 400.0}, 1: {7: 300.0}}) is m
 
 def test_collectives_at_transfer_time_do_not_fix_a_late_rank(late_rank) -> None:  # type: ignore[no-untyped-def]
     # nobody waits: rank 0 is done at 2210 + 200 + 20 + 100 = 2530, but rank 1 still

@@ -15,11 +15,11 @@ import pytest
 from pardiag.analysis import Finding
 from pardiag.analyzers import estimates, factors
 from pardiag.analyzers.replay import (
-    Accumulate, RegroupBuckets, RemoveInputWait, ScaleGemm, Straggler, build_model, replay)
+    Accumulate, RegroupBuckets, RemoveInputWait, ScaleGemm, Straggler, UncontendedCollectives, build_model, replay)
 from pardiag.analyzers.trace import load_trace
 from pardiag.step_records import WARMUP_STEPS, StepRecord
 from factories import analysis, rank
-from tracegen import gloo_replay_rank, write_trace, x
+from tracegen import gloo_replay_rank, slow_forward, two_steps, write_trace, x
 
 
 def _model(tmp_path: Path, rank0: list[dict[str, Any]], rank1: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
@@ -239,6 +239,71 @@ def test_the_saving_is_the_time_removed_taken_off_the_jobs_step(tmp_path: Path) 
     out = estimates.apply(_straggler_analysis(), estimates.Inputs(m, {}))
     assert out.findings[0].est_saving_pct == pytest.approx(round(100 * 300 / 2830, 1))
 
+
+
+
+def _cpu_records(window_cpu: float, job_cpu: float, runq: tuple[float, ...] = (0.0,)) -> dict[int, list[StepRecord]]:
+    """The profiled window's steps 1.. (one per ``runq``) and three counted steps of 3000
+    us, with the training threads' CPU time per step: rank 0 (the peer) ``job_cpu`` us in
+    the counted steps and ``window_cpu`` in the window's, where it waited ``runq`` us for
+    a core; rank 1 (the straggler) burns 2700 us everywhere and never waits for a core."""
+    def recs(w: float, j: float, qs: tuple[float, ...]) -> list[StepRecord]:
+        out = [StepRecord(step=0, t_end_ns=None, dur_us=1.0, pardiag_us=0.0, signals={"cpu": j, "run_queue": 0.0})]
+        out += [StepRecord(step=i + 1, t_end_ns=None, dur_us=2830.0, pardiag_us=0.0, profiler="active",
+                           signals={"cpu": w, "run_queue": q}) for i, q in enumerate(qs)]
+        out += [StepRecord(step=len(qs) + i, t_end_ns=None, dur_us=3000.0, pardiag_us=0.0,
+                           signals={"cpu": j, "run_queue": 0.0}) for i in (1, 2, 3)]
+        return out
+
+    return {0: recs(window_cpu, job_cpu, runq), 1: recs(2700.0, 2700.0, (0.0,) * len(runq))}
+
+
+def test_a_stragglers_fix_leaves_its_peers_work_at_its_unprofiled_speed(tmp_path: Path) -> None:
+    # the straggler fixed, the edited window steps 2530 us: the peers' work, which the
+    # profiler lengthened. Rank 0 burned 1600 us of CPU per counted step and 2000 in the
+    # window's (0.8x): the job's step becomes 2530 * 0.8 = 2024 us of its 3000, a saving
+    # of 32.5% (the time removed taken off the job's step would say 10.0%)
+    m = _model(tmp_path, gloo_replay_rank(0, 2210, 2710), gloo_replay_rank(300, 2510, 2710))
+    out = estimates.apply(_straggler_analysis(), estimates.Inputs(m, _cpu_records(2000.0, 1600.0)))
+    (f,) = out.findings
+    assert f.est_saving_pct == pytest.approx(32.5)
+    assert f.estimate is not None and f.estimate["projected_window_step_us"] == pytest.approx(2530.0)
+    fac = f.estimate["factors"][-1]
+    assert fac["value"] == pytest.approx(0.8) and fac["measured"]
+    assert "rank 0 1.60 ms over the job's counted steps, 2.00 in the window" in fac["source"]
+    assert any("times the peers' CPU time per step" in e for e in f.estimate["edits"])
+    assert out.what_if is not None and out.what_if.all_saving_pct == pytest.approx(32.5)
+    # a peer no slower in the window than outside it: the edited window's step as it is, 2530 of 3000
+    (f,) = estimates.apply(_straggler_analysis(), estimates.Inputs(m, _cpu_records(1600.0, 1800.0))).findings
+    assert f.est_saving_pct == pytest.approx(round(100 * (1 - 2530 / 3000), 1))
+    # on GPUs the host's CPU time is not the step's work: the time removed, 300 of 3000 us
+    a = _straggler_analysis()
+    gpu = replace(a, ranks=[rank(0, device="cuda"), rank(1, device="cuda")])
+    (f,) = estimates.apply(gpu, estimates.Inputs(m, _cpu_records(2000.0, 1600.0))).findings
+    assert f.est_saving_pct == pytest.approx(10.0)
+    # other levers keep the time removed, even with the same records
+    gc = replace(a, findings=[replace(a.findings[0], lever="garbage_collection")])
+    (f,) = estimates.apply(gc, estimates.Inputs(m, _cpu_records(2000.0, 1600.0))).findings
+    assert f.est_saving_pct == pytest.approx(10.0)
+
+
+def test_the_peers_preemption_in_the_window_is_not_part_of_the_step_a_stragglers_fix_leaves(tmp_path: Path) -> None:
+    # two profiled steps; rank 1 sleeps 300 us in each. In step 2 rank 0's forward took
+    # 1400 us, 400 of them on the run queue: it arrived at 2830 + 2610 = 5440, after rank
+    # 1 (5340), both done 5640, steps 2830 and 2930. With the straggler's sleep gone, step
+    # 2 would still wait for rank 0's 1400 us forward: 2530 and 2930 us, median 2730,
+    # * 0.8 = 2184 of 3000 (27.2%). Without the 400 us that rank 0 waited for a core,
+    # both steps replay at 2530: 2024 of 3000, 32.5%
+    rank0 = two_steps(gloo_replay_rank(0, 2210, 2710), slow_forward(gloo_replay_rank(0, 2210, 2410), 400.0), 2830.0)
+    rank1 = two_steps(gloo_replay_rank(300, 2510, 2710), gloo_replay_rank(300, 2510, 2810, wake_us=2830), 2830.0)
+    m = _model(tmp_path, rank0, rank1)
+    assert replay(m).replayed_steps[0] == pytest.approx({1: 2830.0, 2: 2930.0})
+    (f,) = estimates.apply(_straggler_analysis(), estimates.Inputs(m, _cpu_records(2000.0, 1600.0, (0.0, 400.0)))).findings
+    assert f.estimate is not None and f.estimate["projected_window_step_us"] == pytest.approx(2530.0)
+    assert f.est_saving_pct == pytest.approx(32.5)
+    (f,) = estimates.apply(_straggler_analysis(), estimates.Inputs(m, _cpu_records(2000.0, 1600.0, (0.0, 0.0)))).findings
+    assert f.estimate is not None and f.estimate["projected_window_step_us"] == pytest.approx(2730.0)
+    assert f.est_saving_pct == pytest.approx(27.2)
 
 def _gc_records(window_gc: float, job_gc: float) -> dict[int, list[StepRecord]]:
     """Rank 1 pauses for garbage collection (rank 0 never does): ``window_gc`` us in the
@@ -474,3 +539,39 @@ def test_regrouped_buckets_save_no_more_than_the_cores_leave_idle(tmp_path: Path
     assert f.est_saving_pct == pytest.approx(round(expected, 1))
     capped = any("no faster than that" in e for e in f.estimate["edits"])
     assert capped is (cpu_us != 1000.0)
+
+
+def test_a_contended_ranks_collectives_and_wake_ups_at_the_curve_and_its_peers(tmp_path: Path) -> None:
+    # rank 1 shares its CPU with another process: its worker picks the all-reduce (4000
+    # bytes, 1000 floats) up at 2260, 50 us after the call, where rank 0's does at once;
+    # both finish at 2710 (450 us after the last arrival), rank 0 wakes 20 us later, rank 1
+    # 300 us later. Steps 2830 and 3110
+    m = _model(tmp_path, gloo_replay_rank(0, 2210, 2710), gloo_replay_rank(0, 2260, 2710, wake_us=3010))
+    assert {r: s[1] for r, s in replay(m).replayed_steps.items()} == pytest.approx({0: 2830.0, 1: 3110.0})
+    # the curve gives 60 + 0.01 * 4000 = 100 us; rank 1's pick-up at rank 0's (0), its
+    # wake-up at rank 0's 20 us: both arrive at 2210, done 2310, awake 2330, steps 2430
+    r = replay(m, [UncontendedCollectives((1,), 60.0, 0.01)])
+    assert {k: s[1] for k, s in r.replayed_steps.items()} == pytest.approx({0: 2430.0, 1: 2430.0})
+    # only ever shorter: a curve slower than the measured transfer leaves it at 450 us
+    # (arrivals 2210, done 2660, wakes 2680, steps 2780)
+    r = replay(m, [UncontendedCollectives((1,), 1000.0, 0.01)])
+    assert {k: s[1] for k, s in r.replayed_steps.items()} == pytest.approx({0: 2780.0, 1: 2780.0})
+
+
+def test_the_host_contention_plan_retimes_the_collectives_on_cpus_with_a_curve() -> None:
+    from pardiag.analyzers.factors import CommCurve
+
+    a = _straggler_analysis()
+    busy = replace(a.findings[0], lever="host_contention")
+    curve = CommCurve(250.0, 0.0005, (), "sweep", "sweep after the job", 0.99, 0.05)
+    p = estimates.plan(busy, a, estimates.Inputs(None, {}, comm=curve))
+    assert p is not None and p.edits == (Straggler(1, every_phase=True), UncontendedCollectives((1,), 250.0, 0.0005))
+    assert [(f.name, f.value, f.measured) for f in p.factors] == [
+        ("all-reduce latency", 250.0, True), ("all-reduce time per MB", 0.0005 * 2**20, True)]
+    # a straggler slow of its own work (not contention) keeps its collectives as measured
+    slow = estimates.plan(a.findings[0], a, estimates.Inputs(None, {}, comm=curve))
+    assert slow is not None and slow.edits == (Straggler(1),)
+    # on GPUs a collective's transfer is the network's, not the contended CPU's
+    gpu = replace(a, ranks=[rank(0, device="cuda"), rank(1, device="cuda")])
+    p = estimates.plan(busy, gpu, estimates.Inputs(None, {}, comm=curve))
+    assert p is not None and p.edits == (Straggler(1, every_phase=True),)
