@@ -16,6 +16,7 @@ something this pardiag does not know.
 A version-2 line::
 
     {"v": 2, "step": 7, "t_end_ns": ..., "dur_us": 812.5, "pardiag_us": 3.1,
+     "pardiag_cpu_us": 2.9,                             # its CPU time (pardiag's own work)
      "source": "optimizer", "data_us": ..., "bwd_us": ..., "backwards": 1,
      "opt_us": ..., "fwd_us": ..., "forwards": 1,       # only when observed
      "faults": 2051, "bwd_faults": 2040,                # minor page faults (Unix)
@@ -42,7 +43,7 @@ VERSION = 2
 
 WARMUP_STEPS = 1  # step 0 carries one-time costs (allocator, first collectives)
 # A step in which pardiag itself spent this long (opening or closing the profiler,
-# writing the trace) is left out of the statistics of undisturbed steps.
+# writing the trace: its CPU time there, not its waits for a core or the GIL) is left out of the statistics of undisturbed steps.
 DISTURBED_US = 1000.0
 
 Source = Literal["optimizer", "explicit"]
@@ -129,6 +130,17 @@ class StepRecord:
     profiler: str | None = None  # the profiler window's phase ("warmup", "active"), None outside
     source: Source = "optimizer"  # what ended the step: the optimizer hook or pardiag.step()
     signals: Mapping[str, float] = field(default_factory=dict)  # signal name -> value, observed ones only
+    # the training thread's CPU time in that boundary; None where the OS does not tell
+    pardiag_cpu_us: float | None = None
+
+    @property
+    def pardiag_own_us(self) -> float:
+        """pardiag's own work at the previous boundary: the CPU time it burned there
+        (its wall time where that is not known). The wall time also holds waits that are
+        not pardiag's: for a core, or for the GIL that another thread of the job holds
+        (collectors.runtime._thread_cpu_ns), and those fall elsewhere in the step without
+        pardiag."""
+        return self.pardiag_us if self.pardiag_cpu_us is None else self.pardiag_cpu_us
 
     def get(self, name: str) -> float | None:
         """A signal's value in this step; None when it was not observed."""
@@ -138,6 +150,8 @@ class StepRecord:
         """The version-2 JSON object of this record (what the collector writes)."""
         out: dict[str, Any] = {"v": VERSION, "step": self.step, "t_end_ns": self.t_end_ns, "dur_us": self.dur_us,
                                "pardiag_us": self.pardiag_us, "source": self.source}
+        if self.pardiag_cpu_us is not None:
+            out["pardiag_cpu_us"] = self.pardiag_cpu_us
         for s in SIGNALS:
             if s.name in self.signals:
                 out[s.key] = self.signals[s.name]
@@ -148,13 +162,13 @@ class StepRecord:
 
 def is_disturbed(rec: StepRecord) -> bool:
     """pardiag itself worked long enough in this step to change its duration."""
-    return rec.pardiag_us >= DISTURBED_US
+    return rec.pardiag_own_us >= DISTURBED_US
 
 
 def counted(rec: StepRecord) -> bool:
     """The one definition of a step that counts (an "undisturbed" step): past the
     warm-up, outside the profiler window and not disturbed by pardiag's own work."""
-    return rec.step >= WARMUP_STEPS and rec.profiler is None and rec.pardiag_us < DISTURBED_US
+    return rec.step >= WARMUP_STEPS and rec.profiler is None and rec.pardiag_own_us < DISTURBED_US
 
 
 def counter_fields() -> tuple[tuple[str, str, float | None, str | None], ...]:
@@ -215,4 +229,5 @@ def parse(obj: Any, path: Path | str = "steps.jsonl") -> StepRecord | None:
         profiler=prof if isinstance(prof, str) and prof else None,
         source="explicit" if obj.get("source") == "explicit" else "optimizer",
         signals=signals,
+        pardiag_cpu_us=_number(obj.get("pardiag_cpu_us")),
     )

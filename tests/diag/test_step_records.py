@@ -6,6 +6,10 @@ plus a counter."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -62,6 +66,14 @@ def test_counted_is_the_one_definition() -> None:
     assert not counted(rec(0))  # warm-up
     assert not counted(rec(4, profiler="warmup")) and not counted(rec(4, profiler="active"))
     assert not counted(rec(7, pardiag_us=1000.0))  # pardiag opened or closed the profiler in it
+    # a boundary of 5 ms in which pardiag burned 0.5 ms of CPU (it waited the rest) counts;
+    # one that burned 2.0 ms does not; without the CPU time, its wall time decides
+    waited = StepRecord(step=5, t_end_ns=None, dur_us=100.0, pardiag_us=5000.0, pardiag_cpu_us=500.0)
+    assert waited.pardiag_own_us == 500.0 and counted(waited)
+    assert not counted(StepRecord(step=5, t_end_ns=None, dur_us=100.0, pardiag_us=5000.0, pardiag_cpu_us=2000.0))
+    # the field round-trips, and a line without it reads None (not 0: not measured)
+    assert parse(waited.to_dict()) == waited
+    assert parse({"v": 2, "step": 5, "dur_us": 1.0, "pardiag_us": 5000.0}).pardiag_cpu_us is None
 
 
 def test_a_newer_version_is_refused_with_one_line(tmp_path: Path) -> None:
@@ -110,6 +122,8 @@ def _step(c, **counters: int) -> None:  # type: ignore[no-untyped-def]
         setattr(c.framework.counters, k, v)
     c.advance("optimizer")
     c.boundary_ns = 0  # pardiag's own boundary work on this machine is not under test
+    if c.boundary_cpu_ns is not None:
+        c.boundary_cpu_ns = 0
 
 
 def test_a_version_2_line_round_trips_through_the_writer_and_the_reader(tmp_path: Path, monkeypatch) -> None:
@@ -127,6 +141,65 @@ def test_a_version_2_line_round_trips_through_the_writer_and_the_reader(tmp_path
     assert recs[0].signals == {"dataloader": 5.0, "backward": 40.0, "optimizer": 7.0, "backwards": 1}
     assert recs[1].get("forward") == 20.0 and recs[1].get("forwards") == 2
     assert recs[1].dur_us is not None and recs[1].dur_us > 0 and recs[1].pardiag_us == 0.0
+
+
+@pytest.mark.parametrize("rival", ["process", "thread"])
+def test_what_its_boundary_waited_for_is_not_pardiags_work(tmp_path: Path, monkeypatch, rival: str) -> None:
+    """Each step boundary does 30 ms of CPU work while a rival spins: a process on this
+    thread's one CPU (the boundary waits on the run queue), or a Python thread of this
+    process (it waits for the GIL, on any core). The boundary's wall time is about twice
+    its work; pardiag's own time is the 30 ms of work."""
+    from pardiag.collectors.runtime import _thread_cpu_ns
+
+    if rival == "process" and not hasattr(os, "sched_setaffinity"):
+        pytest.skip("needs CPU affinity (Linux)")
+    if _thread_cpu_ns() is None:
+        pytest.skip("this OS does not tell a thread's CPU time")
+    c = _collector(tmp_path, monkeypatch)
+    work_ns = 30_000_000
+
+    def busy(counters) -> None:  # type: ignore[no-untyped-def]
+        t0 = time.thread_time_ns()
+        while time.thread_time_ns() - t0 < work_ns:
+            pass
+
+    c.advance("optimizer")  # the first boundary also sets the rank up (its directory, files)
+    monkeypatch.setattr(c.framework.device_memory, "end_step", busy)
+    stop = threading.Event()
+    mask = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    if rival == "process":
+        cpu = min(mask)  # type: ignore[arg-type]
+        spinner = subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+        os.sched_setaffinity(0, {cpu})  # this thread only
+        time.sleep(0.3)  # the spinner pinned and running
+    else:
+        def spin() -> None:
+            while not stop.is_set():
+                pass
+
+        thread = threading.Thread(target=spin, daemon=True)
+        thread.start()
+    try:
+        for _ in range(4):
+            c.advance("optimizer")
+    finally:
+        if rival == "process":
+            os.sched_setaffinity(0, mask)  # type: ignore[arg-type]
+            spinner.kill()
+            spinner.wait()
+        else:
+            stop.set()
+            thread.join()
+    c.at_exit()
+    recs = rundir.read_steps(c.run, 0)[2:]  # each holds the boundary before it: those with the work
+    assert len(recs) == 3
+    # it waited for the rival about as long as it worked (here 25-82 ms per boundary, own 30.1-32.0)
+    assert sum(r.pardiag_us - r.pardiag_own_us for r in recs) > work_ns / 1e3, recs
+    for r in recs:
+        assert r.pardiag_cpu_us is not None, r
+        # the 30 ms burned and pardiag's own bookkeeping
+        assert work_ns / 1e3 <= r.pardiag_own_us < work_ns / 1e3 + 3_000, r
+        assert not counted(r)  # 30 ms of work is a disturbed step all the same
 
 
 def test_a_new_signal_is_a_table_row_and_a_counter(tmp_path: Path, monkeypatch) -> None:
