@@ -30,12 +30,12 @@ def cpu_has_bf16_matmul() -> bool:
     return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
-# cpu_contention's rank 1 shares its CPU with the burner, so pardiag's own work at many of
-# its step boundaries runs long enough to leave the step uncounted: a clean-clone run of 20
-# steps kept 6 job steps in both attempts, too few for the straggler test to name rank 1
-# (its run queue 35.7 ms per step), and gave no host_contention finding. The accuracy
-# benchmark records it with 30 steps and found it in 3 of 3 recordings; here one run of 20
-# steps kept 4 job steps and one of 30 kept 10.
+# cpu_contention's rank 1 shares its CPU with the burner, and its training thread sleeps
+# 1.5-7 ms in most of pardiag's step boundaries (waits that are not pardiag's work): while
+# a step whose boundary lasted 1 ms was left uncounted, a clean-clone run of 20 steps kept
+# 6 job steps in both attempts, too few for the straggler test to name rank 1, and gave no
+# host_contention finding. Steps now count by pardiag's CPU time at the boundary (21 of 21
+# counted in 30-step recordings); 30 steps keep the margin the accuracy benchmark has.
 STEPS = {"cpu_contention": 30}
 
 
