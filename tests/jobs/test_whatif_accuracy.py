@@ -117,14 +117,23 @@ def run(per_micro_ms: float, fixed: bool) -> wa.Run:
 
 
 def test_summary_of_two_pairs() -> None:
-    # pairs 100 -> 50 ms and 110 -> 45 ms: savings 50.0 and 59.1%, median 54.5; the
-    # estimate 40% misses by -14.5 points; the problem runs differ by 10 ms, the fixed by
-    # 5: noise 10 points of the first problem step (100 ms); the savings differ by 9.1
+    # pairs 100 -> 50 ms and 110 -> 45 ms: savings 50.0 and 59.1%, median 54.5; only the
+    # first problem run gave an estimate, 40%: it misses its own pair's 50.0 by -10.0
+    # points (found in 1 of 2); what_if's 40% came from both: -14.5 against 54.5. The
+    # problem runs differ by 10 ms, the fixed by 5: noise 10 points of the first problem
+    # step (100 ms); the savings differ by 9.1
     r = wa.Result("s", "straggler", [run(100, False), run(110, False)], [run(50, True), run(45, True)],
-                  [40.0, None], [40.0, 40.0])
+                  [40.0, None], what_if_all_pct=[40.0, 40.0])
     s = r.summary()
-    assert (s["estimated_pct"], s["measured_pct"], s["error_pp"]) == (40.0, 54.5, -14.5)
+    assert (s["estimated_pct"], s["measured_pct"], s["measured_estimated_pct"], s["error_pp"]) == (40.0, 54.5, 50.0, -10.0)
+    assert (s["found"], s["pairs"], s["what_if_all_pct"], s["what_if_error_pp"]) == (1, 2, 40.0, -14.5)
     assert (s["noise_pp"], s["spread_pp"], s["measured_each_pct"]) == (10.0, 9.1, [50.0, 59.1])
+    # both estimated, 40 and 60: median 50 against 54.5, -4.5 points off
+    r = wa.Result("s", "straggler", r.problem, r.fixed, [40.0, 60.0])
+    assert (r.summary()["error_pp"], r.summary()["found"]) == (-4.5, 2)
+    # found in neither: no error, and the table says 0/2
+    r = wa.Result("s", "straggler", r.problem, r.fixed, [None, None])
+    assert r.summary()["error_pp"] is None and "0/2" in wa.table([r.summary()])
     # the fixed runs' 5 ms is 5 points of the problem step, not 10% of their own
     r = wa.Result("s", "straggler", [run(100, False), run(100, False)], [run(10, True), run(5, True)], [90.0], [90.0])
     assert r.summary()["noise_pp"] == 5.0
