@@ -43,7 +43,8 @@ VERSION = 2
 
 WARMUP_STEPS = 1  # step 0 carries one-time costs (allocator, first collectives)
 # A step in which pardiag itself spent this long (opening or closing the profiler,
-# writing the trace: its CPU time there, not its waits for a core or the GIL) is left out of the statistics of undisturbed steps.
+# writing the trace: its CPU time there, not its waits for a core or the GIL) is left
+# out of the statistics of undisturbed steps.
 DISTURBED_US = 1000.0
 
 Source = Literal["optimizer", "explicit"]
