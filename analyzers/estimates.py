@@ -521,7 +521,10 @@ class CpuFloor:
     with them (gloo reduces the same bytes in fewer calls: the tiny-bucket job's
     processes burned 25.3 and 25.7 ms of CPU per 27.5 ms step, the same job with 4x
     fewer all-reduces 25.3 and 27.0, on 2 cores; its step did not get shorter, where
-    the profiled window, whose all-reduces ran 3x the sweep's time, projected 28%).
+    the profiled window, whose all-reduces ran 3x the sweep's time, projected 28%);
+    nor do DataLoader workers: the loading moves to processes on the same cores (on
+    2 busy cores 2 workers per rank left the contended job at 36.0 ms per step against
+    35.8 and 39.7 with the problem, estimated 16.5 and 15.0% without this floor).
     On GPUs the host's CPU time holds spin-waits that leave with the waiting, so no
     floor there."""
 
@@ -529,7 +532,8 @@ class CpuFloor:
     hosts: Mapping[str, tuple[tuple[int, ...], int]]  # host -> (its ranks, its cores)
 
     def floor_us(self, edits: Sequence[rp.Edit]) -> float | None:
-        if not edits or not all(isinstance(e, (rp.Straggler, rp.RegroupBuckets, rp.UncontendedCollectives)) for e in edits):
+        if not edits or not all(isinstance(e, (rp.Straggler, rp.RegroupBuckets, rp.UncontendedCollectives,
+                                               rp.RemoveInputWait)) for e in edits):
             return None
         gone: dict[int, float] = {}
         for e in edits:

@@ -94,6 +94,32 @@ ADVISED: dict[str, dict[tuple[str, str], str]] = {
 }
 
 
+# lever -> the harness parameters its change sets beyond what the finding's settings name
+# (a straggler's cause is the scenario's own: only its FIX removes it)
+CHANGE: dict[str, dict[str, Any]] = {
+    "gradient_accumulation": {"accum": 4},  # levers.GRADIENT_ACCUMULATION_STEPS
+    "mixed_precision": {"autocast": True},
+}
+
+
+def all_changes(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The harness parameters that apply every change the problem run's what-if replayed
+    together (its findings with a replay estimate), laid over the scenario's FIX by
+    ``--fix``; None when one of them has no harness form (the what-if cannot be checked)."""
+    out: dict[str, Any] = {}
+    for f in doc.get("findings") or []:
+        if (f.get("estimate") or {}).get("method") != "replay":
+            continue  # left out of what_if.all_saving_pct too
+        lever = f.get("lever", "")
+        if lever in ("straggler", "host_contention", "garbage_collection", "input_imbalance"):
+            continue  # the scenario's planted cause: its FIX
+        values = {**advised_values(lever, f), **CHANGE.get(lever, {})}
+        if not values:
+            return None
+        out.update(values)
+    return out
+
+
 def advised_values(lever: str, finding: dict[str, Any]) -> dict[str, Any]:
     """The harness parameters a finding's action sets, e.g. {"workers": 15}."""
     wanted = ADVISED.get(lever, {})
@@ -142,6 +168,7 @@ class Result:
     still_reported: list[bool | None] = field(default_factory=list)  # per fixed run: the lever found again
     advice: str | None = None  # the finding's action, as the first problem run gave it
     applied: list[dict[str, Any]] = field(default_factory=list)  # per pair: the advised values the fix used
+    combined: list[Run | None] = field(default_factory=list)  # per pair (--combined): every change applied at once
 
     def measured_pct(self) -> list[float]:
         """Measured saving per repetition (problem run i against fixed run i)."""
@@ -173,6 +200,22 @@ class Result:
         m = [x for x, e in zip(self.measured_pct(), estimates) if e is not None]
         return statistics.median(m) if m else None
 
+    def combined_pct(self) -> list[float | None]:
+        """Per pair (--combined): the saving measured with every change the what-if
+        replayed applied at once, per micro-batch."""
+        return [None if c is None else 100 * (1 - c.per_micro_us / p.per_micro_us)
+                for p, c in zip(self.problem, self.combined)]
+
+    def combined_summary(self) -> dict[str, Any]:
+        if not self.combined:
+            return {}
+        m = self.combined_pct()
+        pairs = [(w, x) for w, x in zip(self.what_if_all_pct, m) if w is not None and x is not None]
+        return {"combined_each_pct": [None if x is None else round(x, 1) for x in m],
+                "combined_pct": _median([x for _, x in pairs]),
+                "combined_error_pp": (_round(statistics.median(w for w, _ in pairs) - statistics.median(x for _, x in pairs))
+                                      if pairs else None)}
+
     def summary(self) -> dict[str, Any]:
         measured = statistics.median(self.measured_pct()) if self.fixed else None
         est = _median([e for e in self.estimated_pct if e is not None])
@@ -191,6 +234,7 @@ class Result:
             "pairs": len(self.measured_pct()),
             "error_pp": _round(est - vs_est) if est is not None and vs_est is not None else None,
             "what_if_error_pp": _round(wi - vs_wi) if wi is not None and vs_wi is not None else None,
+            **self.combined_summary(),
             "noise_pp": _round(self.noise_pp()), "spread_pp": _round(self.spread_pp()),
             "measured_each_pct": [round(m, 1) for m in self.measured_pct()],
             "estimated_each_pct": self.estimated_pct,
@@ -265,13 +309,13 @@ def children_cpu_s() -> float:
 
 
 def record(scenario: str, fixed: bool, out: Path, steps: int, retries: int = 0,
-           values: dict[str, Any] | None = None) -> Run:
+           values: dict[str, Any] | None = None, k: int | None = None) -> Run:
     """Record one job; when other processes used more than CONTENDED cores on average
     while it ran, record it again (up to `retries` times) and keep the least disturbed."""
     best: Run | None = None
     for attempt in range(retries + 1):
         target = out if attempt == 0 else out.with_name(f"{out.name}-again{attempt}")
-        run = _record(scenario, fixed, target, steps, values or {})
+        run = _record(scenario, fixed, target, steps, values or {}, k)
         if best is None or (run.others_cores or 0.0) < (best.others_cores or 0.0):
             best = run
         if run.others_cores is None or run.others_cores <= CONTENDED:
@@ -282,7 +326,7 @@ def record(scenario: str, fixed: bool, out: Path, steps: int, retries: int = 0,
     return best
 
 
-def _record(scenario: str, fixed: bool, out: Path, steps: int, values: dict[str, Any]) -> Run:
+def _record(scenario: str, fixed: bool, out: Path, steps: int, values: dict[str, Any], k: int | None = None) -> Run:
     lever_args = SCENARIOS[scenario][1]
     cmd = [sys.executable, "-m", "pardiag", "run", "-q", "--no-report", "--out", str(out), *lever_args, "--",
            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(NPROC),
@@ -300,7 +344,7 @@ def _record(scenario: str, fixed: bool, out: Path, steps: int, values: dict[str,
         tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
         raise BenchError(f"{scenario}{' --fix' if fixed else ''}: exit {res.returncode}: {tail[0]}")
     step_us, n = median_step_us(out)
-    k = micro_batches(scenario, fixed)
+    k = k or micro_batches(scenario, fixed)
     return Run(str(out), fixed, step_us, n, step_us / k, wall, others)
 
 
@@ -332,22 +376,23 @@ def window_step_us(path: Path) -> float | None:
         return None
 
 
-def recorded(path: Path, scenario: str, fixed: bool) -> Run:
+def recorded(path: Path, scenario: str, fixed: bool, k: int | None = None) -> Run:
     """A run recorded earlier (--reuse): its step times as `_record` measures them."""
     if not (path / "manifest.json").exists():
         raise BenchError(f"{path}: not a run directory (record it first with --keep)")
     step_us, n = median_step_us(path)
-    return Run(str(path), fixed, step_us, n, step_us / micro_batches(scenario, fixed), 0.0, None)
+    return Run(str(path), fixed, step_us, n, step_us / (k or micro_batches(scenario, fixed)), 0.0, None)
 
 
 def measure(scenario: str, repeat: int, steps: int, workdir: Path, retries: int = 0,
-            reuse: Path | None = None) -> Result:
+            reuse: Path | None = None, combined: bool = False) -> Result:
     """Record the scenario `repeat` times with its problem and with --fix (alternating),
     analyse every run, and collect what `Result.summary` reports. With `reuse`, the runs
     are the ones an earlier --keep left there, analysed again."""
     lever = SCENARIOS[scenario][0]
     res = Result(scenario, lever)
     for i in range(repeat):
+        problem_doc: dict[str, Any] = {}
         for fixed in (False, True):
             name = f"{scenario}{'-fix' if fixed else ''}-{i}"
             log(f"[{scenario}] recording {name} ({steps} steps, {NPROC} ranks)")
@@ -385,7 +430,28 @@ def measure(scenario: str, repeat: int, steps: int, workdir: Path, retries: int 
             others = f", others used {run.others_cores:.2f} cores" if run.others_cores is not None else ""
             log(f"[{scenario}]   median step {run.per_micro_us / 1000:.1f} ms per micro-batch over "
                 f"{run.steps_counted} steps ({run.wall_s:.0f} s{others})")
+            if not fixed:
+                problem_doc = doc
+        if combined:
+            res.combined.append(_combined(scenario, i, problem_doc, steps, workdir, retries, reuse))
     return res
+
+
+def _combined(scenario: str, i: int, problem_doc: dict[str, Any], steps: int, workdir: Path, retries: int,
+              reuse: Path | None) -> Run | None:
+    """Pair i's third run (--combined): the scenario's FIX and every other change its problem
+    run's what-if replayed, applied at once; None when one of them has no harness form."""
+    values = all_changes(problem_doc)
+    if values is None:
+        log(f"[{scenario}]   a change of the what-if has no harness form: no combined run")
+        return None
+    k = int(values.get("accum") or micro_batches(scenario, True))
+    name = f"{scenario}-all-{i}"
+    log(f"[{scenario}] recording {name}: the fix" + "".join(f", {a}={v}" for a, v in values.items()))
+    run = (recorded(reuse / name, scenario, True, k) if reuse is not None
+           else record(scenario, True, workdir / name, steps, retries, values, k))
+    log(f"[{scenario}]   median step {run.per_micro_us / 1000:.1f} ms per micro-batch over {run.steps_counted} steps")
+    return run
 
 
 def _cell(x: Any, fmt: str = "{:.1f}") -> str:
@@ -424,6 +490,11 @@ def table(rows: list[dict[str, Any]]) -> str:
     if errs:
         out.append(f"|error| over levers with an estimate: median {statistics.median(errs):.1f} pp, max "
                    f"{max(errs):.1f} pp (target: each <= {TARGET_PP:g}, median <= 3)")
+    for r in rows:
+        if r.get("combined_each_pct") is not None:
+            each = ", ".join("-" if x is None else f"{x:.1f}" for x in r["combined_each_pct"])
+            out.append(f"{r['scenario']}: every change at once measured {each}% per pair; what_if "
+                       f"{_cell(r['what_if_all_pct'])}%, error {_cell(r.get('combined_error_pp'), '{:+.1f}')} pp")
     rep = [e for r in rows for e in r.get("replay_error_pct") or [] if e is not None]
     if rep:
         out.append(f"replay error over {len(rep)} runs: median {statistics.median(rep):.1f}%, max {max(rep):.1f}% "
@@ -442,6 +513,10 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"record a job again, up to this many times, when other processes used more than "
                         f"{CONTENDED:g} cores while it ran (default 2; the least disturbed is kept)")
     p.add_argument("--keep", metavar="DIR", help="keep the run directories under DIR (default: a temporary one)")
+    p.add_argument("--combined", action="store_true",
+                   help="also record each pair with every change the problem run's what-if replayed applied at once "
+                        "(the scenario's fix and the other findings' advised values), and compare that saving with "
+                        "what_if.all_saving_pct")
     p.add_argument("--reuse", metavar="DIR", help="analyse again the runs an earlier --keep DIR recorded, instead of "
                                                   "recording (the estimates of a newer pardiag on the same runs)")
     a = p.parse_args(argv)
@@ -461,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for s in names:
             rows.append(measure(s, a.repeat, a.steps, work, a.retries,
-                                Path(a.reuse) if a.reuse else None).summary())
+                                Path(a.reuse) if a.reuse else None, a.combined).summary())
     except BenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -186,3 +186,34 @@ def test_the_straggler_estimate_matches_the_measured_saving(straggler_pairs: wa.
 def test_the_measured_saving_is_reproducible(straggler_pairs: wa.Result) -> None:
     spread = straggler_pairs.spread_pp()
     assert spread is not None and spread <= REPRODUCIBLE_PP, straggler_pairs.summary()
+
+
+# -- every change at once (--combined) ----------------------------------------------------
+
+
+def test_every_change_the_what_if_replayed_is_applied_at_once() -> None:
+    # the contended scenario's problem run: its own cause (the scenario's FIX), 2 workers
+    # and 4 micro-batches replayed; the bucket cap was share-based, so the what-if left it out
+    doc = {"findings": [
+        {"lever": "host_contention", "estimate": {"method": "replay"}},
+        {"lever": "dataloader", "estimate": {"method": "replay"}, "action": {"settings": [
+            {"call": "torch.utils.data.DataLoader", "kwargs": {"num_workers": 2, "persistent_workers": True}}]}},
+        {"lever": "ddp_bucket_size", "estimate": {"method": "share"}, "action": {"settings": [
+            {"call": "torch.nn.parallel.DistributedDataParallel", "kwargs": {"bucket_cap_mb": 1.0}}]}},
+        {"lever": "gradient_accumulation", "estimate": {"method": "replay"}}]}
+    assert wa.all_changes(doc) == {"workers": 2, "persistent_workers": True, "accum": 4}
+    # a replayed change the harness cannot make: nothing to compare with
+    doc["findings"].append({"lever": "comm_overlap", "estimate": {"method": "replay"}})
+    assert wa.all_changes(doc) is None
+
+
+def test_the_combined_saving_is_compared_with_the_what_if() -> None:
+    # problems 100 and 110 ms; every change at once 40 ms per micro-batch and 55: 60.0 and
+    # 50.0%, median 55.0; what_if said 70 and 66: median 68.0, +13.0 points
+    r = wa.Result("s", "host_contention", [run(100, False), run(110, False)], [run(50, True), run(45, True)],
+                  [55.0, 52.0], what_if_all_pct=[70.0, 66.0], combined=[run(40, True), run(55, True)])
+    s = r.summary()
+    assert (s["combined_each_pct"], s["combined_pct"], s["combined_error_pp"]) == ([60.0, 50.0], 55.0, 13.0)
+    assert "every change at once measured 60.0, 50.0% per pair; what_if 68.0%, error +13.0 pp" in wa.table([s])
+    # without --combined the summary has no such keys and the table no such line
+    assert "combined_pct" not in wa.Result("s", "x", r.problem, r.fixed, [1.0, 1.0]).summary()
