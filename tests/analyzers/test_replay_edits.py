@@ -605,3 +605,26 @@ def test_loader_workers_save_no_more_than_the_cores_leave_idle(tmp_path: Path, c
     capped = [e for e in g.estimate["edits"] if "no faster than that" in e]
     assert bool(capped) is (cpu_us == 4000.0)
     assert all("none of it removed by the change" in e for e in capped)
+
+
+@pytest.mark.parametrize("cpu_us, kept", [(4000.0, True), (4100.0, False)])
+def test_no_more_loader_workers_where_the_ranks_keep_the_cores_busy(tmp_path: Path, cpu_us: float, kept: bool) -> None:
+    # two ranks on 2 cores, 5040 us steps: 2 x 4000 us of CPU per step is 79.4% of the cores
+    # (under BUSY_CORES: the finding stays, with its estimate), 2 x 4100 is 81.3%: dropped,
+    # and a notice says why; the same records on GPUs keep it (the host's CPU time there
+    # holds spin-waits)
+    assert estimates.BUSY_CORES == 0.8
+    ev = gloo_replay_rank(0, 4720, 4920, dataloader_us=(2500.0,))
+    m = _model(tmp_path, ev, gloo_replay_rank(0, 4720, 4920, dataloader_us=(2500.0,)))
+    f = Finding(lever="dataloader", severity="high", title="input", evidence=[], ranks=[0, 1], est_saving_pct=40.0,
+                action={"settings": [{"kwargs": {"num_workers": 2}}]})
+    for device in ("cpu", "cuda"):
+        a = analysis([rank(0, device=device), rank(1, device=device)], framework={"threads": {"cpu_count": 2}})
+        out = estimates.apply(replace(a, findings=[f]), estimates.Inputs(m, _bucket_records(5040.0, cpu_us)))
+        notes = [n.message for n in out.notices if "DataLoader workers not advised" in n.message]
+        if kept or device == "cuda":
+            assert [g.lever for g in out.findings] == ["dataloader"] and not notes
+        else:
+            assert out.findings == [] and len(notes) == 1
+            assert f"2 cores 81% busy (rank 0 4.1 ms, rank 1 4.1 ms of CPU per 5.0 ms step)" in notes[0]
+            assert out.what_if is None or all(r.lever != "dataloader" for r in out.what_if.findings)
