@@ -499,10 +499,15 @@ def _refuted(a: Analysis, inputs: Inputs) -> Analysis:
     note = Notice("info", f"mixed precision not advised: {g.half} matrix multiplies (and attention, where the job "
                           f"has it) ran {g.speedup:.2g}x as fast as "
                           f"fp32 at the job's shapes ({g.source})")
+    return _drop(a, "mixed_precision", note)
+
+
+def _drop(a: Analysis, lever: str, note: Notice) -> Analysis:
+    """The Analysis without ``lever``'s findings (and their what-if rows), with ``note``."""
     what = a.what_if
     if what is not None:
-        what = replace(what, findings=[r for r in what.findings if r.lever != "mixed_precision"])
-    return replace(a, findings=[f for f in a.findings if f.lever != "mixed_precision"], what_if=what,
+        what = replace(what, findings=[r for r in what.findings if r.lever != lever])
+    return replace(a, findings=[f for f in a.findings if f.lever != lever], what_if=what,
                    notices=list(a.notices) + [note])
 
 
@@ -535,11 +540,7 @@ def _busy_loader(a: Analysis, inputs: Inputs) -> Analysis:
     note = Notice("info", f"more DataLoader workers not advised: the ranks' processes keep host {h}'s {cores} cores "
                           f"{100 * busy:.0f}% busy ({per} of CPU per {step / 1e3:.1f} ms step); the loading would move "
                           "to worker processes with no idle core to run on")
-    what = a.what_if
-    if what is not None:
-        what = replace(what, findings=[r for r in what.findings if r.lever != "dataloader"])
-    return replace(a, findings=[f for f in a.findings if f.lever != "dataloader"], what_if=what,
-                   notices=list(a.notices) + [note])
+    return _drop(a, "dataloader", note)
 
 
 @dataclass(frozen=True)
