@@ -253,11 +253,15 @@ def run_factors(run: Any) -> tuple[GemmSpeedup | None, factors.CommCurve | None]
 
 
 # ------------------------------------------------------------------------------ plans
+STRAGGLER_LEVERS = ("straggler", "host_contention", "garbage_collection", "input_imbalance")
+"""Levers whose change is the ``Straggler`` edit: a rank's planted or found cause removed."""
+
+
 def plan(f: Finding, a: Analysis, inputs: Inputs) -> Plan | None:
     """The edits that stand for finding ``f``'s change; None when the lever has no replay
     form (or lacks what it needs)."""
     lever = f.lever
-    if lever in ("straggler", "host_contention", "garbage_collection", "input_imbalance") and f.ranks \
+    if lever in STRAGGLER_LEVERS and f.ranks \
             and set(f.ranks) <= {s.rank for s in a.stragglers}:
         # a straggler of the whole run (not one that started after the window: the window cannot show it)
         # CPU contention slows all of the rank's work: every phase, not only the late ones

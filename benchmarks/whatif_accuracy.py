@@ -60,6 +60,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pardiag.analyzers.estimates import STRAGGLER_LEVERS
+from pardiag.analyzers.levers import GRADIENT_ACCUMULATION_STEPS
 from pardiag.analyzers.steps import job_step_times_us
 from pardiag.rundir import RunDir, read_steps
 
@@ -97,7 +99,7 @@ ADVISED: dict[str, dict[tuple[str, str], str]] = {
 # lever -> the harness parameters its change sets beyond what the finding's settings name
 # (a straggler's cause is the scenario's own: only its FIX removes it)
 CHANGE: dict[str, dict[str, Any]] = {
-    "gradient_accumulation": {"accum": 4},  # levers.GRADIENT_ACCUMULATION_STEPS
+    "gradient_accumulation": {"accum": GRADIENT_ACCUMULATION_STEPS},
     "mixed_precision": {"autocast": True},
 }
 
@@ -111,7 +113,7 @@ def all_changes(doc: dict[str, Any]) -> dict[str, Any] | None:
         if (f.get("estimate") or {}).get("method") != "replay":
             continue  # left out of what_if.all_saving_pct too
         lever = f.get("lever", "")
-        if lever in ("straggler", "host_contention", "garbage_collection", "input_imbalance"):
+        if lever in STRAGGLER_LEVERS:
             continue  # the scenario's planted cause: its FIX
         values = {**advised_values(lever, f), **CHANGE.get(lever, {})}
         if not values:
