@@ -18,7 +18,7 @@ DEEPSPEED ?= deepspeed>=0.14
 
 # Reinstalled whenever pyproject.toml (dependencies, extras) or this file (pins, EXTRAS) changes.
 # torch goes in first, and is named again with the extras so that no extra can replace it.
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile analyzers/_scan.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_PIN)"

@@ -31,6 +31,7 @@ import gc
 import gzip
 import io
 import json
+import os
 import re
 import zlib
 from collections import Counter
@@ -44,6 +45,18 @@ import numpy as np
 import numpy.typing as npt
 
 from pardiag.analyzers.flop_rules import OP_NAMES as FLOP_OP_NAMES
+
+try:  # the hot loop in C, built with the package (optional: without it, msgspec decodes every event)
+    from pardiag.analyzers import _scan
+except ImportError:  # pragma: no cover - a build without a C compiler
+    _scan = None  # type: ignore[assignment]
+
+SCAN = _scan is not None and os.environ.get("PARDIAG_TRACE_SCAN", "1") != "0"
+"""Whether blocks of events go through the C scanner (`_scan.Scanner`, analyzers/_scan.c)
+first: it writes the columns without a Python object per event and hands the few events
+whose name or arguments matter (steps, collectives, FLOP operators, allocations) to the
+msgspec path; a block it does not expect is decoded by msgspec whole. The same Trace
+either way (tests/analyzers/test_trace_scan.py); ``PARDIAG_TRACE_SCAN=0`` turns it off."""
 
 BLOCK_BYTES = 2 << 20
 """Bytes read per block. The decoded events of a block are many small objects
@@ -403,6 +416,24 @@ class _Columns:
                           else _float_column(values))
             values.clear()
 
+    def extend(self, raw: Sequence[bytes]) -> None:
+        """Append columns the C scanner wrote (int64 or float64 bytes, in ``dtypes``
+        order) as one chunk each, typed as `flush` types the lists' values."""
+        if not raw[0]:
+            return
+        self.flush()
+        for chunks, dtype, b in zip(self.chunks, self.dtypes.values(), raw):
+            if dtype is np.float64:
+                chunks.append(np.frombuffer(b, np.float64))
+                continue
+            col = np.frombuffer(b, np.int64)
+            if dtype is _ID:
+                if -(1 << 31) <= int(col.min()) and int(col.max()) < (1 << 31):
+                    col = col.astype(np.int32)
+            elif dtype is not np.int64:
+                col = col.astype(dtype)
+            chunks.append(col)
+
     def arrays(self, release: bool = True) -> dict[str, npt.NDArray[Any]]:
         """The columns; with `release`, the heap handed back after each is joined."""
         self.flush()
@@ -441,6 +472,8 @@ class _Sink(Protocol):
 
     def add(self, events: list[Any]) -> None: ...
 
+    def add_json(self, body: bytes | bytearray | memoryview) -> bool: ...
+
     def add_meta(self, doc: Any) -> None: ...
 
 
@@ -472,6 +505,88 @@ class _Extractor:
         self.ts_fractional = False
         self.min_ts: float = float("inf")
         self.meta: dict[str, Any] = {}
+        self._scanner: Any = None
+
+    def _intern_name(self, name: str | None) -> tuple[int, int]:
+        """For the C scanner: a name's id (given now if new) and flags."""
+        nid = self.name_ids.get(name)
+        if nid is None:
+            nid = self._name_id(name)
+        return nid, self.name_flags[nid]
+
+    def _intern_cat(self, cat: str) -> tuple[int, int]:
+        """For the C scanner: a category's id (given now if new; -1 for the ``Trace``
+        span, whose events are left out) and whether it is a CPU operator's."""
+        cid = self.cat_ids.get(cat)
+        if cid is None:
+            if cat == "Trace":
+                return -1, 0
+            cid = self._cat_id(cat)
+        return cid, int(cat in self.cpu_cats)
+
+    def add_json(self, body: bytes | bytearray | memoryview) -> bool:
+        """Sort one block of events (``[`` + events + ``]``, JSON) into the tables, as
+        `add` sorts the decoded events: by the C scanner where it can (`SCAN`), else
+        decoded by msgspec. False (nothing added) when the block is not a valid list of
+        events."""
+        if SCAN:
+            if self._scanner is None:
+                self._scanner = _scan.Scanner(self._intern_name, self._intern_cat)
+            got = self._scanner.scan(body)
+            if got is not None and self._add_scanned(body, got):
+                return True
+        events = _decode_events(body, self.events_decoder)
+        if events is None:
+            return False
+        self.add(events)
+        return True
+
+    def _add_scanned(self, body: bytes | bytearray | memoryview, got: tuple[Any, ...]) -> bool:
+        n_events, fractional, min_ts, gpu, cpu, launches, rare = got
+        events: list[_Event] = []
+        if rare:
+            offsets = np.frombuffer(rare, np.int64).tolist()
+            with memoryview(body) as view:
+                text = b"".join((b"[", b",".join(view[s:e] for s, e in zip(offsets[::2], offsets[1::2])), b"]"))
+            decoded = _decode_events(text, self.events_decoder)
+            if decoded is None:  # (the scanner read them: not expected) the block as msgspec reads it
+                return False
+            events = decoded
+        self.n_events += n_events
+        self.ts_fractional = self.ts_fractional or fractional
+        if min_ts is not None and min_ts < self.min_ts:
+            self.min_ts = min_ts
+        self.gpu.extend(gpu)
+        self.cpu.extend(cpu)
+        self.launches.extend(launches)
+        self._rare(events)
+        self.memory.flush()
+        return True
+
+    def _rare(self, events: list[_Event]) -> None:
+        """What `add` does with the events the scanner handed back, but the columns it
+        wrote: steps, collectives, FLOP operators and allocation records."""
+        flags = self.name_flags
+        for e in events:
+            if e.dur is None:
+                if e.name == "[memory]" and e.args is not None and e.ts is not None:
+                    self._memory_event(e.ts, e.args)
+                continue
+            cat = e.cat
+            nid = self.name_ids[e.name]
+            a = e.args
+            if a is not None and a.stream is not None:
+                stream = a.stream if type(a.stream) is int else _as_int(a.stream)
+                if stream != -1:
+                    if flags[nid]:
+                        self._flagged(e, a, nid, cat or "", gpu_stream=stream, launch=False)
+                    elif a.collective_name is not None:
+                        self._collective(e, a, self.names[nid], cat or "", stream, on_gpu=True)
+                    continue
+            if flags[nid]:
+                self._flagged(e, a, nid, cat or "", gpu_stream=None, launch=False)
+            elif a is not None and a.collective_name is not None:
+                self._collective(e, a, self.names[nid], cat or "", _as_int(e.tid), on_gpu=False)
 
     def _name_id(self, name: str | None) -> int:
         nid = self.name_ids[name] = len(self.names)
@@ -585,8 +700,9 @@ class _Extractor:
                            _as_int(a.device_type))
 
     def _flagged(self, e: _Event, a: _Args | None, nid: int, cat: str,
-                 gpu_stream: int | None) -> None:
-        """Rare events whose name matters: steps, sync events, comm annotations."""
+                 gpu_stream: int | None, launch: bool = True) -> None:
+        """Rare events whose name matters: steps, sync events, comm annotations
+        (``launch``: add its launch row; the C scanner has written it)."""
         f = self.name_flags[nid]
         name = self.names[nid]
         if f & _STEP:
@@ -603,7 +719,7 @@ class _Extractor:
                 ts_us=float(e.ts or 0), dur_us=float(e.dur or 0), input_dims=_raw_value(a.input_dims),
                 input_type=_raw_value(a.input_type), concrete=_raw_value(a.concrete),
                 grad_mode=a.sequence_nr is not None))
-        if gpu_stream is None and a.correlation is not None and not f & _SYNC:
+        if launch and gpu_stream is None and a.correlation is not None and not f & _SYNC:
             tid = e.tid
             self.launches.append(nid, tid if type(tid) is int else -1, a.correlation,
                                  e.ts, e.dur)
@@ -734,10 +850,7 @@ def _cut_and_decode(buf: bytearray, sep: bytes, ex: _Sink) -> bytearray | None:
             return buf if end == len(buf) else None
         saved = buf[k + 1]
         buf[k + 1] = ord("]")
-        events = _decode_events(memoryview(buf)[: k + 2], ex.events_decoder)
-        if events is not None:
-            ex.add(events)
-            del events
+        if ex.add_json(memoryview(buf)[: k + 2]):
             rest = bytearray(b"[")
             rest += memoryview(buf)[k + len(sep) - 1:]
             return rest
@@ -929,6 +1042,13 @@ class _RawSink:
     def __init__(self, on_events: Callable[[list[RawEvent]], None]) -> None:
         self.on_events = on_events
         self.delivered = 0
+
+    def add_json(self, body: bytes | bytearray | memoryview) -> bool:
+        events = _decode_events(body, self.events_decoder)
+        if events is None:
+            return False
+        self.add(events)
+        return True
 
     def add(self, events: list[RawEvent]) -> None:
         self.delivered += len(events)

@@ -121,11 +121,15 @@ them, in every process that decodes."""
 
 
 def _decode_block(block: bytes | bytearray, sep: bytes | None, python_functions: bool,
-                  piece: int = _PIECE_BYTES) -> _Part | None:
+                  piece: int | None = None) -> _Part | None:
     """In a worker: one block's events (``[`` + events + ``]``) as a part, decoded
-    ``piece`` bytes at a time, cut at ``sep``; None when the block does not decode."""
+    ``piece`` bytes at a time (by default `_PIECE_BYTES`, or the whole block at once when
+    the C scanner reads it: no object per event), cut at ``sep``; None when the block
+    does not decode."""
     buf = block if isinstance(block, bytearray) else bytearray(block)
     view = memoryview(buf)
+    if piece is None:
+        piece = len(buf) if tr.SCAN else _PIECE_BYTES
     with tr.gc_paused():
         ex = tr._Extractor(python_functions)
         s = 1  # the first byte of the next piece's events (a '{')
@@ -135,21 +139,15 @@ def _decode_block(block: bytes | bytearray, sep: bytes | None, python_functions:
                 break
             opened, closed = buf[s - 1], buf[k + 1]
             buf[s - 1], buf[k + 1] = ord("["), ord("]")
-            events = tr._decode_events(view[s - 1:k + 2])
-            if events is not None:
-                ex.add(events)
+            added = ex.add_json(view[s - 1:k + 2])
             buf[s - 1], buf[k + 1] = opened, closed
-            if events is None:  # a separator inside a string: the rest as one
+            if not added:  # a separator inside a string: the rest as one
                 break
-            del events
             s = k + len(sep) - 1
         opened = buf[s - 1]
         buf[s - 1] = ord("[")
-        events = tr._decode_events(view[s - 1:])
-        if events is None:
+        if not ex.add_json(view[s - 1:]):
             return None
-        ex.add(events)
-        del events
         buf[s - 1] = opened
         view.release()
         return _part_of(ex)

@@ -60,8 +60,8 @@ def test_the_calling_process_decodes_its_share_of_the_blocks(tmp_path: Path, gzi
     path = tmp_path / ("t.json.gz" if gzipped else "t.json")
     path.write_bytes(gzip.compress(data, 1) if gzipped else data)
     here: list[int] = []
-    real = trace_module._Extractor.add
-    monkeypatch.setattr(trace_module._Extractor, "add", lambda ex, events: (here.append(1), real(ex, events))[1])
+    real = trace_module._Extractor.add_json
+    monkeypatch.setattr(trace_module._Extractor, "add_json", lambda ex, body: (here.append(1), real(ex, body))[1])
     parallel = trace_parallel.load_parallel(path, 2, block_bytes=BLOCK)
     assert parallel is not None
     blocks = len(data) // BLOCK
@@ -173,8 +173,9 @@ def test_id_columns_are_int32_until_a_value_does_not_fit(tmp_path: Path, workers
     assert small.gpu.correlation.tolist() == list(range(1, 3001))
 
 
+@pytest.mark.parametrize("scan", [False, True], ids=["msgspec", "scanner"])
 @pytest.mark.parametrize("odd", [False, True], ids=["plain", "separator-in-a-name"])
-def test_a_block_decoded_in_pieces_is_the_block_decoded_at_once(tmp_path: Path, odd: bool,
+def test_a_block_decoded_in_pieces_is_the_block_decoded_at_once(tmp_path: Path, odd: bool, scan: bool,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     # 300 kernels of about 200 bytes on one line (json.dumps: separator '}, {') cut into
     # pieces of about 1 KB, each piece size of a 200-byte range in turn, so that the cut
@@ -195,10 +196,13 @@ def test_a_block_decoded_in_pieces_is_the_block_decoded_at_once(tmp_path: Path, 
     block = bytearray(b"[" + text[start:end] + b"]")  # as a worker reads it: cut in place
     whole = trace_parallel._decode_block(bytes(block), None, False)
     assert whole is not None and whole.n_events == 299
+    if scan and trace_module._scan is None:
+        pytest.skip("the C scanner was not built")
+    monkeypatch.setattr(trace_module, "SCAN", scan)
     decoded: list[bool] = []
-    real = trace_module._decode_events
-    monkeypatch.setattr(trace_module, "_decode_events", lambda b, *a: (
-        r := real(b, *a), decoded.append(r is not None))[0])
+    real = trace_module._Extractor.add_json
+    monkeypatch.setattr(trace_module._Extractor, "add_json", lambda ex, b: (
+        r := real(ex, b), decoded.append(r))[0])
     fell_back = 0
     for piece in range(1024, 1224, 3):
         decoded.clear()
