@@ -20,6 +20,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
+#include <stdlib.h>
 
 #define FLAG_SYNC 2 /* trace._SYNC */
 #define MAX_DEPTH 256
@@ -34,8 +35,8 @@ static int buf_reserve(Buf *b, Py_ssize_t more) {
     if (b->len + more <= b->cap) return 0;
     Py_ssize_t cap = b->cap ? b->cap : 4096;
     while (cap < b->len + more) cap *= 2;
-    char *d = PyMem_Realloc(b->data, cap);
-    if (!d) { PyErr_NoMemory(); return -1; }
+    char *d = PyMem_RawRealloc(b->data, cap); /* the GIL is not held while scanning */
+    if (!d) return -1;
     b->data = d;
     b->cap = cap;
     return 0;
@@ -86,8 +87,8 @@ static Entry *table_find(Table *t, const char *s, Py_ssize_t n, uint64_t h) {
 
 static int table_grow(Table *t) {
     Py_ssize_t cap = t->cap ? t->cap * 2 : 256;
-    Entry *slots = PyMem_Calloc(cap, sizeof(Entry));
-    if (!slots) { PyErr_NoMemory(); return -1; }
+    Entry *slots = PyMem_RawCalloc(cap, sizeof(Entry));
+    if (!slots) return -1;
     for (Py_ssize_t j = 0; j < t->cap; j++) {
         Entry *e = &t->slots[j];
         if (!e->hash) continue;
@@ -95,16 +96,16 @@ static int table_grow(Table *t) {
         while (slots[i].hash) i = (i + 1) & (cap - 1);
         slots[i] = *e;
     }
-    PyMem_Free(t->slots);
+    PyMem_RawFree(t->slots);
     t->slots = slots;
     t->cap = cap;
     return 0;
 }
 
 static Entry *table_add(Table *t, const char *s, Py_ssize_t n, uint64_t h, int64_t id, int64_t extra) {
-    if ((t->used + 1) * 2 > t->cap && table_grow(t) < 0) return NULL;
-    char *key = PyMem_Malloc(n ? n : 1);
-    if (!key) { PyErr_NoMemory(); return NULL; }
+    if ((t->used + 1) * 2 > t->cap && table_grow(t) < 0) return NULL; /* no memory */
+    char *key = PyMem_RawMalloc(n ? n : 1);
+    if (!key) return NULL;
     memcpy(key, s, n);
     Py_ssize_t mask = t->cap - 1, i = (Py_ssize_t)(h & (uint64_t)mask);
     while (t->slots[i].hash) i = (i + 1) & mask;
@@ -116,8 +117,8 @@ static Entry *table_add(Table *t, const char *s, Py_ssize_t n, uint64_t h, int64
 
 static void table_free(Table *t) {
     for (Py_ssize_t j = 0; j < t->cap; j++)
-        if (t->slots[j].hash) PyMem_Free(t->slots[j].key);
-    PyMem_Free(t->slots);
+        if (t->slots[j].hash) PyMem_RawFree(t->slots[j].key);
+    PyMem_RawFree(t->slots);
     t->slots = NULL; t->cap = t->used = 0;
 }
 
@@ -236,18 +237,20 @@ static int lex_number(Lex *x, int *kind, int64_t *iv, double *dv) {
         *dv = neg ? -d : d;
         return 0;
     }
-    /* the slow path: Python's correctly rounded conversion of the token's text */
+    /* the slow path: the C library's correctly rounded conversion of the token's text
+     * (without the GIL; a locale whose decimal point is not '.' stops it short, and the
+     * block goes to msgspec) */
     char tmp[64];
     Py_ssize_t n = p - start;
-    char *text = n < (Py_ssize_t)sizeof tmp ? tmp : PyMem_Malloc(n + 1);
+    char *text = n < (Py_ssize_t)sizeof tmp ? tmp : PyMem_RawMalloc(n + 1);
     if (!text) return -1;
     memcpy(text, start, n);
     text[n] = 0;
     char *stop = NULL;
-    double d = PyOS_string_to_double(text, &stop, NULL);
-    int ok = !(d == -1.0 && PyErr_Occurred()) && stop == text + n;
-    if (text != tmp) PyMem_Free(text);
-    if (!ok) { PyErr_Clear(); return -1; }
+    double d = strtod(text, &stop);
+    int ok = stop == text + n;
+    if (text != tmp) PyMem_RawFree(text);
+    if (!ok) return -1;
     if (!isfinite(d)) return -1; /* out of a double's range: msgspec decides */
     *dv = d;
     return 0;
@@ -447,6 +450,7 @@ typedef struct {
     PyObject *intern_cat;  /* callable(str) -> (id, is_cpu); id -1: events of it are left out */
     Table names, cats;
     int64_t none_id, none_flags; /* the id of a missing name, once met (-1 before) */
+    int busy; /* a scan is running (in another thread: the GIL is let go while scanning) */
 } Scanner;
 
 #define GPU_COLS 8
@@ -472,15 +476,15 @@ static int call_intern(PyObject *fn, PyObject *arg, int64_t *id, int64_t *extra)
  * bytes are not UTF-8: msgspec then decides) */
 static Entry *intern(Table *t, PyObject *fn, const char *s, Py_ssize_t n, int *bad) {
     uint64_t h = hash_bytes(s, n);
-    Entry *e = table_find(t, s, n, h);
-    if (e) return e;
     PyObject *text = PyUnicode_DecodeUTF8(s, n, NULL);
     if (!text) { PyErr_Clear(); *bad = 1; return NULL; }
     int64_t id, extra;
     int r = call_intern(fn, text, &id, &extra);
     Py_DECREF(text);
     if (r < 0) return NULL;
-    return table_add(t, s, n, h, id, extra);
+    Entry *e = table_add(t, s, n, h, id, extra);
+    if (!e) PyErr_NoMemory();
+    return e;
 }
 
 static void scanner_dealloc(Scanner *self) {
@@ -511,7 +515,12 @@ static PyObject *bytes_of(Buf *b) {
  * [start, end) offsets of the events Python must see (flat int64 bytes). */
 static PyObject *scanner_scan(Scanner *self, PyObject *arg) {
     Py_buffer view;
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "a Scanner scans one block at a time");
+        return NULL;
+    }
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    self->busy = 1;
     Buf gpu[GPU_COLS] = {{0}}, cpu[CPU_COLS] = {{0}}, lau[LAUNCH_COLS] = {{0}}, rare = {0};
     PyObject *result = NULL;
     int give_up = 0, fractional = 0, have_min = 0;
@@ -519,6 +528,11 @@ static PyObject *scanner_scan(Scanner *self, PyObject *arg) {
     double min_ts = 0;
     Lex x = {(const char *)view.buf, (const char *)view.buf + view.len};
     Lex *X = &x;
+    int nomem = 0;
+    /* other threads run while this one scans: it takes the GIL back only to number a
+     * new name or category (a callback into Python) and to build the result */
+    PyThreadState *ts = PyEval_SaveThread();
+#define WITH_GIL(stmt) do { PyEval_RestoreThread(ts); stmt; ts = PyEval_SaveThread(); } while (0)
 
     ws(X);
     if (x.p >= x.end || *x.p != '[') { give_up = 1; goto done; }
@@ -541,23 +555,28 @@ static PyObject *scanner_scan(Scanner *self, PyObject *arg) {
         }
         if (!(ev.has & HAS_CAT)) goto next;
         int bad = 0;
-        Entry *c = intern(&self->cats, self->intern_cat, ev.cat, ev.cat_n, &bad);
+        Entry *c = table_find(&self->cats, ev.cat, ev.cat_n, hash_bytes(ev.cat, ev.cat_n));
+        if (!c) WITH_GIL(c = intern(&self->cats, self->intern_cat, ev.cat, ev.cat_n, &bad));
         if (!c) { if (bad) give_up = 1; goto done; }
         if (c->id < 0) goto next; /* the Trace span */
         if (!(ev.has & HAS_TS)) goto next;
         if (!have_min || ev.ts < min_ts) { min_ts = ev.ts; have_min = 1; }
         int64_t nid, flags;
         if (ev.has & HAS_NAME) {
-            Entry *e = intern(&self->names, self->intern_name, ev.name, ev.name_n, &bad);
+            Entry *e = table_find(&self->names, ev.name, ev.name_n, hash_bytes(ev.name, ev.name_n));
+            if (!e) WITH_GIL(e = intern(&self->names, self->intern_name, ev.name, ev.name_n, &bad));
             if (!e) { if (bad) give_up = 1; goto done; }
             nid = e->id; flags = e->extra;
         } else {
-            if (self->none_id < 0 && call_intern(self->intern_name, Py_None, &self->none_id, &self->none_flags) < 0)
-                goto done;
+            if (self->none_id < 0) {
+                int r;
+                WITH_GIL(r = call_intern(self->intern_name, Py_None, &self->none_id, &self->none_flags));
+                if (r < 0) goto done;
+            }
             nid = self->none_id; flags = self->none_flags;
         }
         if ((ev.has & HAS_STREAM) && ev.stream != -1) { /* a GPU event */
-            for (int i = 0; i < GPU_COLS; i++) if (buf_reserve(&gpu[i], 8) < 0) goto done;
+            for (int i = 0; i < GPU_COLS; i++) if (buf_reserve(&gpu[i], 8) < 0) { nomem = 1; goto done; }
             put_i64(&gpu[0], nid); put_i64(&gpu[1], c->id); put_i64(&gpu[2], ev.stream);
             put_i64(&gpu[3], ev.has & HAS_DEV ? ev.dev : -1);
             put_i64(&gpu[4], ev.has & HAS_CORR ? ev.corr : -1);
@@ -567,21 +586,21 @@ static PyObject *scanner_scan(Scanner *self, PyObject *arg) {
             goto next;
         }
         if (c->extra) { /* a CPU operator */
-            for (int i = 0; i < CPU_COLS; i++) if (buf_reserve(&cpu[i], 8) < 0) goto done;
+            for (int i = 0; i < CPU_COLS; i++) if (buf_reserve(&cpu[i], 8) < 0) { nomem = 1; goto done; }
             put_i64(&cpu[0], nid); put_i64(&cpu[1], c->id); put_i64(&cpu[2], ev.pid);
             put_i64(&cpu[3], ev.tid); put_i64(&cpu[4], ev.has & HAS_EXT ? ev.ext : -1);
             put_f64(&cpu[5], ev.ts); put_f64(&cpu[6], ev.dur);
         }
         int launch = (ev.has & HAS_CORR) && !(flags && (flags & FLAG_SYNC));
         if (launch) {
-            for (int i = 0; i < LAUNCH_COLS; i++) if (buf_reserve(&lau[i], 8) < 0) goto done;
+            for (int i = 0; i < LAUNCH_COLS; i++) if (buf_reserve(&lau[i], 8) < 0) { nomem = 1; goto done; }
             put_i64(&lau[0], nid); put_i64(&lau[1], ev.tid); put_i64(&lau[2], ev.corr);
             put_f64(&lau[3], ev.ts); put_f64(&lau[4], ev.dur);
         }
         is_rare = flags || (ev.has & HAS_COLL);
     next:
         if (is_rare) {
-            if (buf_reserve(&rare, 16) < 0) goto done;
+            if (buf_reserve(&rare, 16) < 0) { nomem = 1; goto done; }
             put_i64(&rare, ev_start - (const char *)view.buf);
             put_i64(&rare, ev_end - (const char *)view.buf);
         }
@@ -595,6 +614,8 @@ static PyObject *scanner_scan(Scanner *self, PyObject *arg) {
 tail:
     ws(X);
     if (x.p != x.end) { give_up = 1; goto done; }
+    PyEval_RestoreThread(ts);
+    ts = NULL;
     {
         PyObject *g = PyTuple_New(GPU_COLS), *cp = PyTuple_New(CPU_COLS), *l = PyTuple_New(LAUNCH_COLS);
         PyObject *r = bytes_of(&rare);
@@ -607,11 +628,15 @@ tail:
         Py_XDECREF(g); Py_XDECREF(cp); Py_XDECREF(l); Py_XDECREF(r); Py_XDECREF(mt);
     }
 done:
-    for (int i = 0; i < GPU_COLS; i++) PyMem_Free(gpu[i].data);
-    for (int i = 0; i < CPU_COLS; i++) PyMem_Free(cpu[i].data);
-    for (int i = 0; i < LAUNCH_COLS; i++) PyMem_Free(lau[i].data);
-    PyMem_Free(rare.data);
+    if (ts) PyEval_RestoreThread(ts);
+#undef WITH_GIL
+    if (nomem) PyErr_NoMemory();
+    for (int i = 0; i < GPU_COLS; i++) PyMem_RawFree(gpu[i].data);
+    for (int i = 0; i < CPU_COLS; i++) PyMem_RawFree(cpu[i].data);
+    for (int i = 0; i < LAUNCH_COLS; i++) PyMem_RawFree(lau[i].data);
+    PyMem_RawFree(rare.data);
     PyBuffer_Release(&view);
+    self->busy = 0;
     if (give_up && !PyErr_Occurred()) Py_RETURN_NONE;
     return result;
 }

@@ -506,6 +506,19 @@ class _Extractor:
         self.min_ts: float = float("inf")
         self.meta: dict[str, Any] = {}
         self._scanner: Any = None
+        self._values: dict[bytes, Any] = {}  # decoded argument values by their JSON text
+
+    def _value(self, raw: msgspec.Raw) -> Any:
+        """A recorded argument's value (shapes, types), decoded once per distinct text: a
+        training step calls the same operators with the same shapes every step, and their
+        operators share one read-only value (a 200 MB trace: 14,835 FLOP operators, 2.2 MB
+        of decoded lists without this)."""
+        key = bytes(raw)
+        try:
+            return self._values[key]
+        except KeyError:
+            value = self._values[key] = _raw_value(raw)
+            return value
 
     def _intern_name(self, name: str | None) -> tuple[int, int]:
         """For the C scanner: a name's id (given now if new) and flags."""
@@ -716,8 +729,8 @@ class _Extractor:
             pid, tid = e.pid, e.tid
             self.flop_ops.append(FlopOp(
                 name=name, pid=pid if type(pid) is int else -1, tid=tid if type(tid) is int else -1,
-                ts_us=float(e.ts or 0), dur_us=float(e.dur or 0), input_dims=_raw_value(a.input_dims),
-                input_type=_raw_value(a.input_type), concrete=_raw_value(a.concrete),
+                ts_us=float(e.ts or 0), dur_us=float(e.dur or 0), input_dims=self._value(a.input_dims),
+                input_type=self._value(a.input_type), concrete=self._value(a.concrete),
                 grad_mode=a.sequence_nr is not None))
         if launch and gpu_stream is None and a.correlation is not None and not f & _SYNC:
             tid = e.tid
@@ -743,7 +756,7 @@ class _Extractor:
             pg_name=None if a.pg_name is None else str(a.pg_name),
             pg_desc=None if a.pg_desc is None else str(a.pg_desc),
             pg_ranks=_pg_ranks(a.pg_ranks),
-            input_dims=_raw_value(a.input_dims), input_type=_raw_value(a.input_type)))
+            input_dims=self._value(a.input_dims), input_type=self._value(a.input_type)))
 
     def finish(self, path: str) -> Trace:
         return Trace(

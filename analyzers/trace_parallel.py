@@ -33,7 +33,7 @@ import os
 import sys
 import warnings
 from collections import deque
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -83,8 +83,9 @@ def json_bytes(path: Path) -> int:
 
 
 def worth_it(path: Path, workers: int) -> bool:
-    """Whether ``workers`` processes would read the file sooner than one."""
-    return workers > 1 and json_bytes(path) >= PARALLEL_MIN_BYTES and can_fork()
+    """Whether ``workers`` threads (with the C scanner) or processes would read the file
+    sooner than one."""
+    return workers > 1 and json_bytes(path) >= PARALLEL_MIN_BYTES and (tr.SCAN or can_fork())
 
 
 @dataclass
@@ -205,21 +206,24 @@ def load_parallel(path: Path, workers: int, python_functions: bool = False,
     meta = tr._Extractor(python_functions)  # the metadata before and after the list
     tail = tr._Extractor(python_functions)  # the last events, decoded here
     futures: list[Future[_Part | None]] = []
-    ctx = multiprocessing.get_context("fork")
+    threads = tr.SCAN  # the C scanner lets go of the GIL: threads, no copy of the process
     with tr._errors_as_trace_error(path), tr.gc_paused(), warnings.catch_warnings():
         # Python 3.12+ warns of forking a process with threads; see can_fork
         warnings.filterwarnings("ignore", message=".*fork.*", category=DeprecationWarning)
         try:
-            # the calling process decodes every `workers`-th block itself, between cuts: one
-            # process fewer to fork and feed, and its blocks' columns are never pickled
-            forked = max(1, workers - 1)
-            with ProcessPoolExecutor(max_workers=forked, mp_context=ctx) as pool:
+            # processes: the calling process decodes every `workers`-th block itself, between
+            # cuts (one process fewer to fork and feed, and its blocks' columns are never
+            # pickled); threads: the calling thread only cuts
+            forked = workers if threads else max(1, workers - 1)
+            executor: Executor = (ThreadPoolExecutor(max_workers=forked) if threads else
+                                  ProcessPoolExecutor(max_workers=forked, mp_context=multiprocessing.get_context("fork")))
+            with executor as pool:
                 pending: deque[Future[_Part | None]] = deque()
                 turn = [0]
 
                 def submit(fn: Callable[..., _Part | None], *args: Any) -> None:
                     turn[0] += 1
-                    if workers > 1 and turn[0] % workers == 0:
+                    if not threads and workers > 1 and turn[0] % workers == 0:
                         fut: Future[_Part | None] = Future()
                         try:
                             fut.set_result(fn(*args, python_functions=python_functions))

@@ -55,7 +55,9 @@ def test_a_real_trace_in_many_blocks_is_the_serial_readers_trace(tmp_path: Path,
 def test_the_calling_process_decodes_its_share_of_the_blocks(tmp_path: Path, gzipped: bool,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """With 2 processes one is forked: the caller decodes every second block itself (its
-    calls are the ones this process sees), and the trace is still the serial reader's."""
+    calls are the ones this process sees), and the trace is still the serial reader's.
+    (Processes are the reader's way without the C scanner.)"""
+    monkeypatch.setattr(trace_module, "SCAN", False)
     data = gzip.decompress(A100.read_bytes())
     path = tmp_path / ("t.json.gz" if gzipped else "t.json")
     path.write_bytes(gzip.compress(data, 1) if gzipped else data)
@@ -67,6 +69,30 @@ def test_the_calling_process_decodes_its_share_of_the_blocks(tmp_path: Path, gzi
     blocks = len(data) // BLOCK
     # the forked worker's calls are not seen here; the last events are decoded here too
     assert blocks // 2 - 2 <= len(here) <= blocks // 2 + 3, (len(here), blocks)
+    same(parallel, load_trace(path, workers=1))
+
+
+@needs_fixtures
+@pytest.mark.skipif(trace_module._scan is None, reason="the C scanner was not built")
+@pytest.mark.parametrize("gzipped", [False, True], ids=["plain", "gzip"])
+def test_with_the_scanner_threads_decode_the_blocks(tmp_path: Path, gzipped: bool,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C scanner lets go of the GIL: blocks are decoded by threads of this process (no
+    fork), every block's call seen here, from two threads but the calling one, and the
+    trace is the serial reader's."""
+    data = gzip.decompress(A100.read_bytes())
+    path = tmp_path / ("t.json.gz" if gzipped else "t.json")
+    path.write_bytes(gzip.compress(data, 1) if gzipped else data)
+    threads: list[int] = []
+    real = trace_module._Extractor.add_json
+    monkeypatch.setattr(trace_module._Extractor, "add_json",
+                        lambda ex, body: (threads.append(threading.get_ident()), real(ex, body))[1])
+    monkeypatch.setattr(trace_parallel.multiprocessing, "get_context", None)  # no process is forked
+    parallel = trace_parallel.load_parallel(path, 2, block_bytes=BLOCK)
+    assert parallel is not None
+    blocks = len(data) // BLOCK
+    assert blocks - 2 <= len(threads) <= blocks + 3, (len(threads), blocks)
+    assert len(set(threads) - {threading.get_ident()}) == 2
     same(parallel, load_trace(path, workers=1))
 
 
