@@ -487,9 +487,23 @@ static Entry *intern(Table *t, PyObject *fn, const char *s, Py_ssize_t n, int *b
     return e;
 }
 
+/* the callbacks are usually bound methods of the object that owns the scanner: a cycle
+ * the garbage collector must be able to see and break */
+static int scanner_traverse(Scanner *self, visitproc visit, void *arg) {
+    Py_VISIT(self->intern_name);
+    Py_VISIT(self->intern_cat);
+    return 0;
+}
+
+static int scanner_clear(Scanner *self) {
+    Py_CLEAR(self->intern_name);
+    Py_CLEAR(self->intern_cat);
+    return 0;
+}
+
 static void scanner_dealloc(Scanner *self) {
-    Py_XDECREF(self->intern_name);
-    Py_XDECREF(self->intern_cat);
+    PyObject_GC_UnTrack(self);
+    scanner_clear(self);
     table_free(&self->names);
     table_free(&self->cats);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -499,6 +513,10 @@ static int scanner_init(Scanner *self, PyObject *args, PyObject *kwds) {
     static char *kw[] = {"intern_name", "intern_cat", NULL};
     PyObject *n, *c;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO", kw, &n, &c)) return -1;
+    if (!PyCallable_Check(n) || !PyCallable_Check(c)) {
+        PyErr_SetString(PyExc_TypeError, "Scanner(intern_name, intern_cat) takes two callables");
+        return -1;
+    }
     Py_INCREF(n); Py_XSETREF(self->intern_name, n);
     Py_INCREF(c); Py_XSETREF(self->intern_cat, c);
     self->none_id = -1;
@@ -515,6 +533,10 @@ static PyObject *bytes_of(Buf *b) {
  * [start, end) offsets of the events Python must see (flat int64 bytes). */
 static PyObject *scanner_scan(Scanner *self, PyObject *arg) {
     Py_buffer view;
+    if (!self->intern_name || !self->intern_cat) {
+        PyErr_SetString(PyExc_RuntimeError, "the Scanner was not initialised");
+        return NULL;
+    }
     if (self->busy) {
         PyErr_SetString(PyExc_RuntimeError, "a Scanner scans one block at a time");
         return NULL;
@@ -652,7 +674,9 @@ static PyTypeObject ScannerType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "pardiag.analyzers._scan.Scanner",
     .tp_basicsize = sizeof(Scanner),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)scanner_traverse,
+    .tp_clear = (inquiry)scanner_clear,
     .tp_doc = "Scanner(intern_name, intern_cat): Kineto trace events to columns",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)scanner_init,

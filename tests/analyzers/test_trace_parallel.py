@@ -87,7 +87,7 @@ def test_with_the_scanner_threads_decode_the_blocks(tmp_path: Path, gzipped: boo
     real = trace_module._Extractor.add_json
     monkeypatch.setattr(trace_module._Extractor, "add_json",
                         lambda ex, body: (threads.append(threading.get_ident()), real(ex, body))[1])
-    monkeypatch.setattr(trace_parallel.multiprocessing, "get_context", None)  # no process is forked
+    monkeypatch.setattr(trace_parallel, "_processes", None)  # no process is forked
     parallel = trace_parallel.load_parallel(path, 2, block_bytes=BLOCK)
     assert parallel is not None
     blocks = len(data) // BLOCK

@@ -282,3 +282,23 @@ def test_the_scanner_takes_plain_generated_blocks() -> None:
     for _ in range(20):
         picks = [ALL[i] for i in rng.integers(0, len(ALL), 30)]
         assert scanned(body(picks, int(rng.integers(0, 3))))
+
+
+def test_an_extractor_and_its_scanner_are_freed() -> None:
+    """The scanner holds its extractor's methods: the cycle is broken when the extractor
+    finishes, and the garbage collector can break it otherwise (2 threads reading a 200 MB
+    trace kept 5.1 MB of the blocks' names while it could not)."""
+    import gc
+    import weakref
+
+    for finish in (True, False):
+        ex = tr._Extractor(False)
+        assert ex.add_json(body(ALL)) and ex._scanner is not None
+        if finish:
+            ex.finish("t")
+        ref = weakref.ref(ex)
+        del ex
+        if finish:
+            assert ref() is None  # freed at once, without the collector
+        gc.collect()
+        assert ref() is None, finish
