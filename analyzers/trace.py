@@ -478,6 +478,11 @@ class _Sink(Protocol):
     def add_meta(self, doc: Any) -> None: ...
 
 
+_FLAGS_OF: dict[str, int] = {}
+"""A name's flags (`_STEP` | `_SYNC` | `_COMM` | `_FLOP`), worked out once per process."""
+_FLAGS_KEPT = 1 << 17
+
+
 class _Extractor:
     """Turns decoded events into columns, one block at a time."""
 
@@ -605,15 +610,19 @@ class _Extractor:
     def _name_id(self, name: str | None) -> int:
         nid = self.name_ids[name] = len(self.names)
         # one string per name in the process: the blocks decoded in parallel each number
-        # their names, and the steps, collectives and FLOP operators they keep hold them
-        # (a 200 MB trace read by 2 threads: 21,324 copies, 5.1 MB, without this)
+        # their names, and the steps, collectives and FLOP operators of each hold them
         text = sys.intern(name) if name else ""
         self.names.append(text)
-        self.name_flags.append(
-            (_STEP if "ProfilerStep" in text else 0)
-            | (_SYNC if text in SYNC_EVENT_NAMES else 0)
-            | (_COMM if text.startswith(_COMM_ANNOTATION_PREFIXES) or text.startswith(_C10D_PREFIX) else 0)
-            | (_FLOP if FLOP_OP_NAMES.match(text) else 0))
+        flags = _FLAGS_OF.get(text)
+        if flags is None:  # each block decoded in parallel meets the trace's names again
+            if len(_FLAGS_OF) > _FLAGS_KEPT:
+                _FLAGS_OF.clear()
+            flags = _FLAGS_OF[text] = (
+                (_STEP if "ProfilerStep" in text else 0)
+                | (_SYNC if text in SYNC_EVENT_NAMES else 0)
+                | (_COMM if text.startswith(_COMM_ANNOTATION_PREFIXES) or text.startswith(_C10D_PREFIX) else 0)
+                | (_FLOP if FLOP_OP_NAMES.match(text) else 0))
+        self.name_flags.append(flags)
         return nid
 
     def _cat_id(self, cat: str) -> int:

@@ -246,11 +246,15 @@ def load_parallel(path: Path, workers: int, python_functions: bool = False,
                         if head is None:
                             raise _Fallback
                         start, sep, first = head
+                        held = [first]  # the head's 2 MB: held by the stream alone, or by no one
+                        del head, first
                         gzipped = not isinstance(f, io.BufferedReader)
-                        rest = (_stream(f, first, sep, block_bytes, submit) if gzipped else
+                        rest = (_stream(f, held.pop(), sep, block_bytes, submit) if gzipped else
                                 _ranges(path, start, sep, block_bytes, submit))
+                        held.clear()
                     if rest is None or not tr._decode_tail(path, rest, tail):
                         raise _Fallback
+                    del rest
                     parts = [_result(f) for f in futures]
                     futures.clear()  # the parts are held by `parts` alone
                     pending.clear()
@@ -262,6 +266,7 @@ def load_parallel(path: Path, workers: int, python_functions: bool = False,
         for key, value in tail.meta.items():  # the head's metadata first, as the serial reader keeps it
             meta.meta.setdefault(key, value)
         parts.append(_part_of(tail))
+        tr.release_memory()  # what the decoding threads freed, before the columns are joined
         return _join(parts, meta, python_functions, str(path))
 
 
