@@ -52,6 +52,7 @@ typedef struct {
     uint64_t hash;
     int64_t id;
     int64_t extra; /* a name's flags; a category's "is a CPU operator category" */
+    uint32_t epoch; /* the last scan that met it (its first meeting there is recorded) */
 } Entry;
 
 typedef struct {
@@ -450,6 +451,7 @@ typedef struct {
     PyObject *intern_cat;  /* callable(str) -> (id, is_cpu); id -1: events of it are left out */
     Table names, cats;
     int64_t none_id, none_flags; /* the id of a missing name, once met (-1 before) */
+    uint32_t none_epoch, epoch; /* the scan that last met a missing name; this scan */
     int busy; /* a scan is running (in another thread: the GIL is let go while scanning) */
 } Scanner;
 
@@ -528,9 +530,12 @@ static PyObject *bytes_of(Buf *b) {
 }
 
 /* scan(body) -> None when msgspec must decode the block, else
- * (n_events, ts_fractional, min_ts or None, gpu, cpu, launches, rare): gpu/cpu/launches
- * are tuples of bytes (int64 or float64 columns, in trace._Extractor's order), rare the
- * [start, end) offsets of the events Python must see (flat int64 bytes). */
+ * (n_events, ts_fractional, min_ts or None, gpu, cpu, launches, rare, name_order,
+ * cat_order): gpu/cpu/launches are tuples of bytes (int64 or float64 columns, in
+ * trace._Extractor's order), rare the [start, end) offsets of the events Python must see
+ * (flat int64 bytes), name_order and cat_order the ids of the names and categories this
+ * block numbers, in the order it first meets them (int64 bytes: a scanner kept across
+ * blocks numbers each name once, and the blocks are joined by these). */
 static PyObject *scanner_scan(Scanner *self, PyObject *arg) {
     Py_buffer view;
     if (!self->intern_name || !self->intern_cat) {
@@ -544,6 +549,8 @@ static PyObject *scanner_scan(Scanner *self, PyObject *arg) {
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
     self->busy = 1;
     Buf gpu[GPU_COLS] = {{0}}, cpu[CPU_COLS] = {{0}}, lau[LAUNCH_COLS] = {{0}}, rare = {0};
+    Buf name_order = {0}, cat_order = {0}; /* ids in the order this block first meets them */
+    uint32_t epoch = ++self->epoch;
     PyObject *result = NULL;
     int give_up = 0, fractional = 0, have_min = 0;
     int64_t n_events = 0;
@@ -581,6 +588,11 @@ static PyObject *scanner_scan(Scanner *self, PyObject *arg) {
         if (!c) WITH_GIL(c = intern(&self->cats, self->intern_cat, ev.cat, ev.cat_n, &bad));
         if (!c) { if (bad) give_up = 1; goto done; }
         if (c->id < 0) goto next; /* the Trace span */
+        if (c->epoch != epoch) {
+            c->epoch = epoch;
+            if (buf_reserve(&cat_order, 8) < 0) { nomem = 1; goto done; }
+            put_i64(&cat_order, c->id);
+        }
         if (!(ev.has & HAS_TS)) goto next;
         if (!have_min || ev.ts < min_ts) { min_ts = ev.ts; have_min = 1; }
         int64_t nid, flags;
@@ -589,6 +601,11 @@ static PyObject *scanner_scan(Scanner *self, PyObject *arg) {
             if (!e) WITH_GIL(e = intern(&self->names, self->intern_name, ev.name, ev.name_n, &bad));
             if (!e) { if (bad) give_up = 1; goto done; }
             nid = e->id; flags = e->extra;
+            if (e->epoch != epoch) {
+                e->epoch = epoch;
+                if (buf_reserve(&name_order, 8) < 0) { nomem = 1; goto done; }
+                put_i64(&name_order, nid);
+            }
         } else {
             if (self->none_id < 0) {
                 int r;
@@ -596,6 +613,11 @@ static PyObject *scanner_scan(Scanner *self, PyObject *arg) {
                 if (r < 0) goto done;
             }
             nid = self->none_id; flags = self->none_flags;
+            if (self->none_epoch != epoch) {
+                self->none_epoch = epoch;
+                if (buf_reserve(&name_order, 8) < 0) { nomem = 1; goto done; }
+                put_i64(&name_order, nid);
+            }
         }
         if ((ev.has & HAS_STREAM) && ev.stream != -1) { /* a GPU event */
             for (int i = 0; i < GPU_COLS; i++) if (buf_reserve(&gpu[i], 8) < 0) { nomem = 1; goto done; }
@@ -640,14 +662,15 @@ tail:
     ts = NULL;
     {
         PyObject *g = PyTuple_New(GPU_COLS), *cp = PyTuple_New(CPU_COLS), *l = PyTuple_New(LAUNCH_COLS);
-        PyObject *r = bytes_of(&rare);
+        PyObject *r = bytes_of(&rare), *no = bytes_of(&name_order), *co = bytes_of(&cat_order);
         PyObject *mt = have_min ? PyFloat_FromDouble(min_ts) : (Py_INCREF(Py_None), Py_None);
-        int ok = g && cp && l && r && mt;
+        int ok = g && cp && l && r && mt && no && co;
         for (int i = 0; ok && i < GPU_COLS; i++) { PyObject *b = bytes_of(&gpu[i]); ok = b != NULL; if (b) PyTuple_SET_ITEM(g, i, b); }
         for (int i = 0; ok && i < CPU_COLS; i++) { PyObject *b = bytes_of(&cpu[i]); ok = b != NULL; if (b) PyTuple_SET_ITEM(cp, i, b); }
         for (int i = 0; ok && i < LAUNCH_COLS; i++) { PyObject *b = bytes_of(&lau[i]); ok = b != NULL; if (b) PyTuple_SET_ITEM(l, i, b); }
-        if (ok) result = Py_BuildValue("(LOOOOOO)", (long long)n_events, fractional ? Py_True : Py_False, mt, g, cp, l, r);
-        Py_XDECREF(g); Py_XDECREF(cp); Py_XDECREF(l); Py_XDECREF(r); Py_XDECREF(mt);
+        if (ok) result = Py_BuildValue("(LOOOOOOOO)", (long long)n_events, fractional ? Py_True : Py_False, mt, g, cp, l,
+                                       r, no, co);
+        Py_XDECREF(g); Py_XDECREF(cp); Py_XDECREF(l); Py_XDECREF(r); Py_XDECREF(mt); Py_XDECREF(no); Py_XDECREF(co);
     }
 done:
     if (ts) PyEval_RestoreThread(ts);
@@ -657,6 +680,8 @@ done:
     for (int i = 0; i < CPU_COLS; i++) PyMem_RawFree(cpu[i].data);
     for (int i = 0; i < LAUNCH_COLS; i++) PyMem_RawFree(lau[i].data);
     PyMem_RawFree(rare.data);
+    PyMem_RawFree(name_order.data);
+    PyMem_RawFree(cat_order.data);
     PyBuffer_Release(&view);
     self->busy = 0;
     if (give_up && !PyErr_Occurred()) Py_RETURN_NONE;
@@ -665,7 +690,7 @@ done:
 
 static PyMethodDef scanner_methods[] = {
     {"scan", (PyCFunction)scanner_scan, METH_O,
-     "scan(body) -> (n_events, ts_fractional, min_ts, gpu, cpu, launches, rare), or None "
+     "scan(body) -> (n_events, ts_fractional, min_ts, gpu, cpu, launches, rare, name_order, cat_order), or None "
      "when the block must be decoded by msgspec"},
     {NULL, NULL, 0, NULL},
 };

@@ -43,13 +43,18 @@ def union(starts: npt.ArrayLike, ends: npt.ArrayLike) -> Intervals:
         return s.copy(), e.copy()
     order = np.argsort(s, kind="quicksort")
     s = s[order]
-    e = e[order]
-    running_end = np.maximum.accumulate(e)
+    end = e[order]
+    del order  # (each temporary let go once used: these run on every kernel of a trace)
+    # the running maximum of the ends, in place: a group's end is its value at the group's
+    # last interval (the groups before end before the group starts)
+    np.maximum.accumulate(end, out=end)
     opens = np.empty(s.size, dtype=bool)
     opens[0] = True
-    np.greater(s[1:], running_end[:-1], out=opens[1:])
-    first = np.flatnonzero(opens)
-    return s[first], np.maximum.reduceat(e, first)
+    np.greater(s[1:], end[:-1], out=opens[1:])
+    closes = np.empty(s.size, dtype=bool)  # the last interval of each group
+    closes[:-1] = opens[1:]
+    closes[-1] = True
+    return s[opens], end[closes]
 
 
 def total_length(starts: npt.ArrayLike, ends: npt.ArrayLike) -> float:
@@ -84,10 +89,14 @@ def intersection_length(a: Intervals, b: Intervals) -> float:
             np.full(b_e.size, -2, dtype=np.int8),
         ]
     )
+    del a_s, a_e, b_s, b_e
     order = np.argsort(times, kind="stable")
     times = times[order]
-    level = np.cumsum(steps[order], dtype=np.int64)
+    # the level is 0 to 3 at every point: int8 holds its running sum
+    level = np.cumsum(steps[order], dtype=np.int8)
+    del order, steps
     both = level[:-1] == 3
+    del level
     return float(np.sum(times[1:][both] - times[:-1][both]))
 
 

@@ -346,3 +346,26 @@ def test_membership_by_binary_search_is_numpys_isin() -> None:
     rng = np.random.default_rng(3)
     big, some = rng.integers(-5, 10_000, 50_000), rng.integers(0, 20_000, 3_000)
     assert np.array_equal(_member(big, some), np.isin(big, some))
+
+
+def test_the_launch_scope_in_floats_is_the_scope_in_integers() -> None:
+    """`_started_before` (rounded and shifted in float64) against the int64 way it stands
+    for, on fractional and whole starts, both comparisons, and beyond 2**52 (where it
+    takes the int64 way)."""
+    from types import SimpleNamespace
+
+    from pardiag.analyzers import gpu_breakdown as gb
+
+    rng = np.random.default_rng(11)
+    for fractional in (False, True):
+        for base in (1.7e12, 5.9e15):
+            ts = base + rng.integers(0, 10**7, 5000).astype(np.float64)
+            if fractional:
+                ts += rng.integers(0, 1000, 5000) / 1000
+            trace = SimpleNamespace(ts_fractional=fractional)
+            origin = int(np.ceil(ts.min()))
+            for inclusive in (False, True):
+                for limit in (0.0, 5e6 + 0.5, 5e6, 2e7):
+                    want = gb._before(gb._round_start(ts, trace) - origin, limit, inclusive)
+                    got = gb._started_before(ts, trace, origin, limit, inclusive)
+                    assert np.array_equal(got, want), (fractional, base, inclusive, limit)

@@ -302,3 +302,46 @@ def test_an_extractor_and_its_scanner_are_freed() -> None:
             assert ref() is None  # freed at once, without the collector
         gc.collect()
         assert ref() is None, finish
+
+
+# --------------------------------------------------------------------------- threads
+def test_threads_number_names_as_one_reader_does(tmp_path: Path) -> None:
+    """Threads keep one numbering each across their blocks and the join orders names by
+    where the file first meets them: names met first in a late block of one thread and an
+    early one of the other, blocks the scanner hands to msgspec (escaped names), names met
+    only by events that make no row: the names, categories and every column are the
+    serial reader's."""
+    from tracegen import launched_kernel, write_kineto_trace
+
+    from pardiag.analyzers import trace_parallel
+
+    rng = np.random.default_rng(3)
+    events: list[dict[str, Any]] = []
+    for i in range(6000):
+        k = int(rng.integers(0, 400))
+        name = f"kernel_{k}" if k % 97 else f'odd "k{k}"'  # escaped: its block goes to msgspec
+        events.append(launched_kernel(name, 10.0 * i, 5, i + 1))
+        if i % 7 == 0:  # a runtime call without a correlation: numbered, but no row
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": f"call_{i % 50}", "pid": 1, "tid": 2,
+                           "ts": 10.0 * i + 1, "dur": 1})
+        if i % 500 == 0:
+            events.append({"ph": "X", "cat": f"cat_{i // 500}", "name": "annotation", "pid": 1, "tid": 2,
+                           "ts": 10.0 * i + 2, "dur": 3})
+    path = write_kineto_trace(tmp_path / "t.json", events)
+    serial = tr.load_trace(path, workers=1)
+    parallel = trace_parallel.load_parallel(path, 2, block_bytes=16 << 10)
+    assert parallel is not None
+    same(parallel, serial)
+    assert len(serial.names) > 400 and len(serial.cats) >= 13
+    assert serial.gpu.name_id.dtype == np.int16 and serial.gpu.cat_id.dtype == np.int8
+
+
+def test_name_ids_are_as_narrow_as_the_names_allow(tmp_path: Path) -> None:
+    """int8 up to 127 names, int16 up to 32,767, int32 beyond, the same ids either way."""
+    from tracegen import launched_kernel, write_kineto_trace
+
+    for n, dtype in ((100, np.int8), (1000, np.int16), (40000, np.int32)):
+        events = [launched_kernel(f"k{i}", 10.0 * i, 5, i + 1) for i in range(n)]
+        t = tr.load_trace(write_kineto_trace(tmp_path / f"t{n}.json", events), workers=1)
+        assert t.gpu.name_id.dtype == dtype and t.gpu.cat_id.dtype == np.int8, n
+        assert [t.names[i] for i in t.gpu.name_id.tolist()] == [f"k{i}" for i in range(n)]
