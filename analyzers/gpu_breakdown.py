@@ -202,15 +202,21 @@ def gpu_breakdown(trace: Trace, *, rules: Sequence[KernelRule] = RULES,
     order = np.argsort(s, kind="quicksort")
     comp_sorted = order[k[order] == KernelKind.COMPUTATION]
     del order
-    compute = intervals.total_length(s[comp_sorted], e[comp_sorted])
+    comp_s, comp_e = intervals.union(s[comp_sorted], e[comp_sorted])
+    compute = float(comp_e.sum() - comp_s.sum()) if comp_s.size else 0.0
     del comp_sorted
 
     # overlap: HTA's comm analysis works on the frame in its original order
-    comp = k == KernelKind.COMPUTATION
     comm = k == KernelKind.COMMUNICATION
     comm_s, comm_e = intervals.union(s[comm], e[comm])
     comm_len = float(np.sum(comm_e - comm_s))
-    overlap = intervals.intersection_length((comm_s, comm_e), (s[comp], e[comp]))
+    if not np.all(e >= s):  # a negative duration: the union depends on the order it is given
+        del comp_s, comp_e
+        comp = k == KernelKind.COMPUTATION
+        comp_s, comp_e = intervals.union(s[comp], e[comp])
+    # (merged already: the same intervals in any order merge to the same set, ends at or after starts)
+    overlap = intervals.intersection_length((comm_s, comm_e), (comp_s, comp_e), merged=True)
+    del comp_s, comp_e
     memory = k == KernelKind.MEMORY
     return GpuBreakdown(
         span_us=span,
