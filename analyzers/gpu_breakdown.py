@@ -199,10 +199,11 @@ def gpu_breakdown(trace: Trace, *, rules: Sequence[KernelRule] = RULES,
     span = float(all_e[-1] - all_s[0])
     busy = float(all_e.sum() - all_s.sum())
     del all_s, all_e
+    ordered = bool(np.all(e >= s))  # no negative duration: the union depends on no order
     order = np.argsort(s, kind="quicksort")
     comp_sorted = order[k[order] == KernelKind.COMPUTATION]
     del order
-    comp_s, comp_e = intervals.union(s[comp_sorted], e[comp_sorted])
+    comp_s, comp_e = intervals.union(s[comp_sorted], e[comp_sorted], presorted=ordered)
     compute = float(comp_e.sum() - comp_s.sum()) if comp_s.size else 0.0
     del comp_sorted
 
@@ -210,7 +211,7 @@ def gpu_breakdown(trace: Trace, *, rules: Sequence[KernelRule] = RULES,
     comm = k == KernelKind.COMMUNICATION
     comm_s, comm_e = intervals.union(s[comm], e[comm])
     comm_len = float(np.sum(comm_e - comm_s))
-    if not np.all(e >= s):  # a negative duration: the union depends on the order it is given
+    if not ordered:  # a negative duration: the union depends on the order it is given
         del comp_s, comp_e
         comp = k == KernelKind.COMPUTATION
         comp_s, comp_e = intervals.union(s[comp], e[comp])

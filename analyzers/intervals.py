@@ -29,8 +29,9 @@ Array = npt.NDArray[Any]
 Intervals = tuple[Array, Array]
 
 
-def union(starts: npt.ArrayLike, ends: npt.ArrayLike) -> Intervals:
-    """Merge overlapping or touching intervals; the result is sorted by start.
+def union(starts: npt.ArrayLike, ends: npt.ArrayLike, presorted: bool = False) -> Intervals:
+    """Merge overlapping or touching intervals; the result is sorted by start
+    (``presorted``: the starts are sorted already, and no sorted copy is made).
 
     >>> union([5, 0, 2], [8, 3, 4])
     (array([0, 5]), array([4, 8]))
@@ -41,10 +42,13 @@ def union(starts: npt.ArrayLike, ends: npt.ArrayLike) -> Intervals:
         raise ValueError("starts and ends must be 1-d arrays of the same length")
     if s.size == 0:
         return s.copy(), e.copy()
-    order = np.argsort(s, kind="quicksort")
-    s = s[order]
-    end = e[order]
-    del order  # (each temporary let go once used: these run on every kernel of a trace)
+    if presorted:
+        end = e.copy()
+    else:
+        order = np.argsort(s, kind="quicksort")
+        s = s[order]
+        end = e[order]
+        del order  # (each temporary let go once used: these run on every kernel of a trace)
     # the running maximum of the ends, in place: a group's end is its value at the group's
     # last interval (the groups before end before the group starts)
     np.maximum.accumulate(end, out=end)
