@@ -336,18 +336,35 @@ static int arg_int(Lex *x, Event *ev, unsigned bit, int64_t *out) {
     return 0;
 }
 
+/* an object's member key and its colon (an escaped key gives up: msgspec reads it) */
+static int member_key(Lex *x, const char **k, Py_ssize_t *kn) {
+    int esc;
+    if (lex_string(x, k, kn, &esc) < 0 || esc) return -1;
+    ws(x);
+    if (x->p >= x->end || *x->p != ':') return -1;
+    x->p++;
+    ws(x);
+    return 0;
+}
+
+/* after a member's value: 0 when another member follows (the comma read), 1 when the
+ * object closes, -1 on anything else */
+static int member_end(Lex *x) {
+    ws(x);
+    if (x->p >= x->end) return -1;
+    if (*x->p == ',') { x->p++; ws(x); return 0; }
+    if (*x->p == '}') { x->p++; return 1; }
+    return -1;
+}
+
 static int lex_args(Lex *x, Event *ev) {
     unsigned seen = 0;
     x->p++; /* '{' */
     ws(x);
     if (x->p < x->end && *x->p == '}') { x->p++; return 0; }
     for (;;) {
-        const char *k; Py_ssize_t kn; int esc;
-        if (lex_string(x, &k, &kn, &esc) < 0 || esc) return -1;
-        ws(x);
-        if (x->p >= x->end || *x->p != ':') return -1;
-        x->p++;
-        ws(x);
+        const char *k; Py_ssize_t kn;
+        if (member_key(x, &k, &kn) < 0) return -1;
         int r;
         if (key_is(k, kn, "stream", 6)) r = arg_int(x, ev, HAS_STREAM, &ev->stream);
         else if (key_is(k, kn, "correlation", 11)) r = arg_int(x, ev, HAS_CORR, &ev->corr);
@@ -359,12 +376,8 @@ static int lex_args(Lex *x, Event *ev) {
             if (is_null(x)) r = 0;
             else { ev->has |= HAS_COLL; r = skip_value(x, 2); }
         } else r = skip_value(x, 2);
-        if (r < 0) return -1;
-        ws(x);
-        if (x->p >= x->end) return -1;
-        if (*x->p == ',') { x->p++; ws(x); continue; }
-        if (*x->p == '}') { x->p++; return 0; }
-        return -1;
+        if (r < 0 || (r = member_end(x)) < 0) return -1;
+        if (r == 1) return 0;
     }
 }
 
@@ -415,12 +428,8 @@ static int lex_event(Lex *x, Event *ev) {
     ws(x);
     if (x->p < x->end && *x->p == '}') { x->p++; return 0; }
     for (;;) {
-        const char *k; Py_ssize_t kn; int esc;
-        if (lex_string(x, &k, &kn, &esc) < 0 || esc) return -1;
-        ws(x);
-        if (x->p >= x->end || *x->p != ':') return -1;
-        x->p++;
-        ws(x);
+        const char *k; Py_ssize_t kn;
+        if (member_key(x, &k, &kn) < 0) return -1;
         int r;
         if (key_is(k, kn, "name", 4)) r = lex_text_field(x, ev, HAS_NAME, 1, &seen, &ev->name, &ev->name_n);
         else if (key_is(k, kn, "cat", 3)) r = lex_text_field(x, ev, HAS_CAT, 2, &seen, &ev->cat, &ev->cat_n);
@@ -435,12 +444,8 @@ static int lex_event(Lex *x, Event *ev) {
             else if (x->p < x->end && *x->p == '{') { ev->has |= HAS_ARGS; r = lex_args(x, ev); }
             else r = -1; /* args that are not an object: msgspec's schema refuses them */
         } else r = skip_value(x, 1);
-        if (r < 0) return -1;
-        ws(x);
-        if (x->p >= x->end) return -1;
-        if (*x->p == ',') { x->p++; ws(x); continue; }
-        if (*x->p == '}') { x->p++; return 0; }
-        return -1;
+        if (r < 0 || (r = member_end(x)) < 0) return -1;
+        if (r == 1) return 0;
     }
 }
 

@@ -2,7 +2,7 @@
 
 A Kineto trace is one JSON object: a few metadata keys (``distributedInfo``,
 ``deviceProperties``, ``baseTimeNanoseconds``, ...) around a ``traceEvents`` list that
-holds nearly all of the bytes. ``load_trace`` reads it in blocks (16 MB by default):
+holds nearly all of the bytes. ``load_trace`` reads it in blocks (2 MB by default):
 
 * it finds ``"traceEvents": [`` in the first block and decodes the header before it;
 * it cuts each block after the last event separator (``},`` + whitespace + ``{`` as
@@ -11,10 +11,13 @@ holds nearly all of the bytes. ``load_trace`` reads it in blocks (16 MB by defau
 * after the last block, the remainder (last events, ``]`` and the trailing metadata)
   is decoded as ``{"traceEvents": [`` + remainder.
 
-Decoding uses msgspec typed Structs that name only the fields pardiag reads; other
-keys (``Call stack``, ``grid``, ...) are skipped in C without building objects. The
-cyclic garbage collector is off while decoding (it costs 3x on millions of small
-objects). Each block's events become numpy columns before the next block is read, so
+Each block goes first to the C scanner (`_scan`, analyzers/_scan.c; `SCAN`), which
+writes the columns without a Python object per event and hands back the few events
+whose name or arguments matter (steps, collectives, FLOP operators, allocations); those,
+and any block the scanner does not expect, are decoded by msgspec typed Structs that
+name only the fields pardiag reads (other keys, ``Call stack``, ``grid``, ..., are
+skipped in C without building objects). The cyclic garbage collector is off while
+decoding (it costs 3x on millions of small objects). Each block's events become numpy columns before the next block is read, so
 memory stays at a few blocks plus the columns. When the layout is not the usual one
 (no ``traceEvents`` near the start, no separator, a cut that does not decode), the
 whole document is decoded at once instead.

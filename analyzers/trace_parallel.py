@@ -1,27 +1,27 @@
 """Decode one large trace on several cores.
 
-`load_trace` reads a trace block by block in one process, which keeps one core busy
-(about 125 MB/s of JSON here: half in msgspec's decoding, half in sorting the events
-into columns). For a large file on a machine with idle cores, `load_parallel` splits
-the work:
+`load_trace` reads a trace block by block in one thread, which keeps one core busy
+(with the C scanner, `trace.SCAN`, about 400 MB/s of JSON here; with msgspec alone about
+125 MB/s, half decoding and half sorting the events into columns). For a large file on a
+machine with idle cores, `load_parallel` splits the work:
 
-* the calling process reads the file (gunzipping it when it is gzip), cuts the
+* the calling thread reads the file (gunzipping it when it is gzip), cuts the
   ``traceEvents`` text after the last event separator of each block, as the serial
-  reader does, and hands each block (``[`` + events + ``]``) to a worker process;
-* each worker decodes its block and sorts its events into columns with the serial
-  reader's own code (`trace._Extractor`), and sends back the columns, the names and
-  categories they refer to, and the rare events it kept (steps, collectives, FLOP
-  operators); of n processes n - 1 are forked and the calling process decodes every
-  n-th block itself, between cuts (at 200 MB on 2 cores: one child of about 20 MB
-  fewer, 95 MB peak to 89, in the same time);
-* the calling process decodes the last events and the metadata after the list
-  itself, and joins the blocks in file order: names and categories are renumbered in
-  order of first appearance, so the result is the `Trace` the serial reader gives,
+  reader does, and hands each block (``[`` + events + ``]``) to a worker;
+* with the C scanner the workers are threads: the scanner lets go of the GIL while it
+  reads, and each thread keeps one numbering of names and categories across its blocks
+  (`_Numberings`; each block notes the ids it met, in the order it met them). Without
+  it they are forked processes (Linux; elsewhere the trace is read serially), and the
+  calling process decodes every n-th block itself between cuts;
+* each worker sorts its block's events into columns with the serial reader's own code
+  (`trace._Extractor`) and returns the columns, the names and categories they refer
+  to, and the rare events it kept (steps, collectives, FLOP operators);
+* the calling thread decodes the last events and the metadata after the list itself,
+  and joins the blocks in file order: names and categories are renumbered in order of
+  first appearance in the file, so the result is the `Trace` the serial reader gives,
   column for column.
 
-Workers are forked (Linux), so they start in milliseconds with everything imported;
-elsewhere a trace is read serially. Any
-block that does not decode (a separator-like string inside a name, an unusual
+Any block that does not decode (a separator-like string inside a name, an unusual
 layout) sends the whole file back to the serial reader, which knows how to cope.
 """
 
