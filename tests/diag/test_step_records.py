@@ -197,8 +197,10 @@ def test_what_its_boundary_waited_for_is_not_pardiags_work(tmp_path: Path, monke
     assert sum(r.pardiag_us - r.pardiag_own_us for r in recs) > work_ns / 1e3, recs
     for r in recs:
         assert r.pardiag_cpu_us is not None, r
-        # the 30 ms burned and pardiag's own bookkeeping
-        assert work_ns / 1e3 <= r.pardiag_own_us < work_ns / 1e3 + 3_000, r
+        # the 30 ms burned and pardiag's own bookkeeping: 0.02-0.6 ms alone, 0.1-2.0 ms and on
+        # another day 3.1-3.7 ms beside the rival (measured: its CPU time is not the wall's
+        # 25-82 ms of waiting, which would double it)
+        assert work_ns / 1e3 <= r.pardiag_own_us < work_ns / 1e3 + 7_500, r
         assert not counted(r)  # 30 ms of work is a disturbed step all the same
 
 
