@@ -336,6 +336,16 @@ static int arg_int(Lex *x, Event *ev, unsigned bit, int64_t *out) {
     return 0;
 }
 
+/* an object's opening brace: 1 when the object is empty (closed too), 0 when members
+ * follow, -1 when it is no object */
+static int object_open(Lex *x) {
+    if (x->p >= x->end || *x->p != '{') return -1;
+    x->p++;
+    ws(x);
+    if (x->p < x->end && *x->p == '}') { x->p++; return 1; }
+    return 0;
+}
+
 /* an object's member key and its colon (an escaped key gives up: msgspec reads it) */
 static int member_key(Lex *x, const char **k, Py_ssize_t *kn) {
     int esc;
@@ -357,28 +367,42 @@ static int member_end(Lex *x) {
     return -1;
 }
 
-static int lex_args(Lex *x, Event *ev) {
-    unsigned seen = 0;
-    x->p++; /* '{' */
-    ws(x);
-    if (x->p < x->end && *x->p == '}') { x->p++; return 0; }
+typedef struct {
+    Event *ev;
+    unsigned seen; /* the keys met so far that must be met once */
+} Members;
+
+/* an object's members, each handed to ``member`` with its key (which reads the value):
+ * 0 when the object is read through its closing brace, -1 on anything unexpected */
+static int walk_object(Lex *x, int (*member)(Lex *, const char *, Py_ssize_t, Members *), Members *m) {
+    int r = object_open(x);
+    if (r) return r < 0 ? -1 : 0;
     for (;;) {
         const char *k; Py_ssize_t kn;
-        if (member_key(x, &k, &kn) < 0) return -1;
-        int r;
-        if (key_is(k, kn, "stream", 6)) r = arg_int(x, ev, HAS_STREAM, &ev->stream);
-        else if (key_is(k, kn, "correlation", 11)) r = arg_int(x, ev, HAS_CORR, &ev->corr);
-        else if (key_is(k, kn, "External id", 11)) r = arg_int(x, ev, HAS_EXT, &ev->ext);
-        else if (key_is(k, kn, "device", 6)) r = arg_int(x, ev, HAS_DEV, &ev->dev);
-        else if (key_is(k, kn, "Collective name", 15)) {
-            if (seen & 1) return -1;
-            seen |= 1;
-            if (is_null(x)) r = 0;
-            else { ev->has |= HAS_COLL; r = skip_value(x, 2); }
-        } else r = skip_value(x, 2);
-        if (r < 0 || (r = member_end(x)) < 0) return -1;
+        if (member_key(x, &k, &kn) < 0 || member(x, k, kn, m) < 0 || (r = member_end(x)) < 0) return -1;
         if (r == 1) return 0;
     }
+}
+
+static int args_member(Lex *x, const char *k, Py_ssize_t kn, Members *m) {
+    Event *ev = m->ev;
+    int r;
+    if (key_is(k, kn, "stream", 6)) r = arg_int(x, ev, HAS_STREAM, &ev->stream);
+    else if (key_is(k, kn, "correlation", 11)) r = arg_int(x, ev, HAS_CORR, &ev->corr);
+    else if (key_is(k, kn, "External id", 11)) r = arg_int(x, ev, HAS_EXT, &ev->ext);
+    else if (key_is(k, kn, "device", 6)) r = arg_int(x, ev, HAS_DEV, &ev->dev);
+    else if (key_is(k, kn, "Collective name", 15)) {
+        if (m->seen & 1) return -1;
+        m->seen |= 1;
+        if (is_null(x)) r = 0;
+        else { ev->has |= HAS_COLL; r = skip_value(x, 2); }
+    } else r = skip_value(x, 2);
+    return r;
+}
+
+static int lex_args(Lex *x, Event *ev) {
+    Members m = {ev, 0};
+    return walk_object(x, args_member, &m);
 }
 
 static int lex_text_field(Lex *x, Event *ev, unsigned bit, unsigned seen_bit, unsigned *seen,
@@ -419,34 +443,30 @@ static int lex_id(Lex *x, Event *ev, unsigned seen_bit, int64_t *out) {
     return skip_value(x, 1);
 }
 
+static int event_member(Lex *x, const char *k, Py_ssize_t kn, Members *m) {
+    Event *ev = m->ev;
+    int r;
+    if (key_is(k, kn, "name", 4)) r = lex_text_field(x, ev, HAS_NAME, 1, &m->seen, &ev->name, &ev->name_n);
+    else if (key_is(k, kn, "cat", 3)) r = lex_text_field(x, ev, HAS_CAT, 2, &m->seen, &ev->cat, &ev->cat_n);
+    else if (key_is(k, kn, "ts", 2)) r = lex_time(x, ev, HAS_TS, 4, &m->seen, &ev->ts, &ev->ts_float);
+    else if (key_is(k, kn, "dur", 3)) r = lex_time(x, ev, HAS_DUR, 8, &m->seen, &ev->dur, NULL);
+    else if (key_is(k, kn, "pid", 3)) r = lex_id(x, ev, SEEN_PID, &ev->pid);
+    else if (key_is(k, kn, "tid", 3)) r = lex_id(x, ev, SEEN_TID, &ev->tid);
+    else if (key_is(k, kn, "args", 4)) {
+        if (m->seen & 16) return -1;
+        m->seen |= 16;
+        if (is_null(x)) r = 0;
+        else if (x->p < x->end && *x->p == '{') { ev->has |= HAS_ARGS; r = lex_args(x, ev); }
+        else r = -1; /* args that are not an object: msgspec's schema refuses them */
+    } else r = skip_value(x, 1);
+    return r;
+}
+
 static int lex_event(Lex *x, Event *ev) {
-    unsigned seen = 0;
     memset(ev, 0, sizeof *ev);
     ev->pid = ev->tid = -1;
-    if (x->p >= x->end || *x->p != '{') return -1;
-    x->p++;
-    ws(x);
-    if (x->p < x->end && *x->p == '}') { x->p++; return 0; }
-    for (;;) {
-        const char *k; Py_ssize_t kn;
-        if (member_key(x, &k, &kn) < 0) return -1;
-        int r;
-        if (key_is(k, kn, "name", 4)) r = lex_text_field(x, ev, HAS_NAME, 1, &seen, &ev->name, &ev->name_n);
-        else if (key_is(k, kn, "cat", 3)) r = lex_text_field(x, ev, HAS_CAT, 2, &seen, &ev->cat, &ev->cat_n);
-        else if (key_is(k, kn, "ts", 2)) r = lex_time(x, ev, HAS_TS, 4, &seen, &ev->ts, &ev->ts_float);
-        else if (key_is(k, kn, "dur", 3)) r = lex_time(x, ev, HAS_DUR, 8, &seen, &ev->dur, NULL);
-        else if (key_is(k, kn, "pid", 3)) r = lex_id(x, ev, SEEN_PID, &ev->pid);
-        else if (key_is(k, kn, "tid", 3)) r = lex_id(x, ev, SEEN_TID, &ev->tid);
-        else if (key_is(k, kn, "args", 4)) {
-            if (seen & 16) return -1;
-            seen |= 16;
-            if (is_null(x)) r = 0;
-            else if (x->p < x->end && *x->p == '{') { ev->has |= HAS_ARGS; r = lex_args(x, ev); }
-            else r = -1; /* args that are not an object: msgspec's schema refuses them */
-        } else r = skip_value(x, 1);
-        if (r < 0 || (r = member_end(x)) < 0) return -1;
-        if (r == 1) return 0;
-    }
+    Members m = {ev, 0};
+    return walk_object(x, event_member, &m);
 }
 
 /* ---------------------------------------------------------------- the scanner */
