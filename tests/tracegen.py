@@ -206,3 +206,19 @@ def matmul_flops_by_torch(path: Path) -> tuple[float, int]:
                 ops[e["name"]](*tensors)
         total = fc.get_total_flops()
     return float(total), len(steps)
+
+
+def same_trace(a: Any, b: Any) -> None:
+    """Two loaded traces (`pardiag.analyzers.trace.Trace`) are the same, column for column:
+    what each reader of the same file must give."""
+    import numpy as np
+
+    assert a.names == b.names and a.cats == b.cats
+    for table in ("gpu", "cpu", "launches", "memory"):
+        ta, tb = getattr(a, table), getattr(b, table)
+        for col in ta.__dataclass_fields__:
+            assert np.array_equal(getattr(ta, col), getattr(tb, col)), (table, col)
+    assert (a.steps, a.collectives, a.flop_ops, a.n_events, a.ts_fractional, a.min_ts_us) == (
+        b.steps, b.collectives, b.flop_ops, b.n_events, b.ts_fractional, b.min_ts_us)
+    assert (a.distributed, a.device_properties, a.base_time_ns) == (
+        b.distributed, b.device_properties, b.base_time_ns)

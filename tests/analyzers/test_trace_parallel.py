@@ -12,26 +12,14 @@ import numpy as np
 import pytest
 
 from pardiag.analyzers import trace as trace_module, trace_parallel
-from pardiag.analyzers.trace import Trace, TraceError, load_trace
-from tracegen import launched_kernel as kernel, write_kineto_trace
+from pardiag.analyzers.trace import TraceError, load_trace
+from tracegen import launched_kernel as kernel, same_trace as same, write_kineto_trace
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "gpu-traces"
 A100 = FIXTURES / "a100-2rank-rank0" / "nccl_data.json.gz"
 SAMPLED = FIXTURES / "sampled-128rank-job" / "sampled_rank-0.json.gz"
 needs_fixtures = pytest.mark.skipif(not A100.exists(), reason="real GPU traces not found (shared fixtures)")
 BLOCK = 64 << 10  # many blocks from a few MB
-
-
-def same(a: Trace, b: Trace) -> None:
-    assert a.names == b.names and a.cats == b.cats
-    for table in ("gpu", "cpu", "launches", "memory"):
-        ta, tb = getattr(a, table), getattr(b, table)
-        for col in ta.__dataclass_fields__:
-            assert np.array_equal(getattr(ta, col), getattr(tb, col)), (table, col)
-    assert (a.steps, a.collectives, a.flop_ops, a.n_events, a.ts_fractional, a.min_ts_us) == (
-        b.steps, b.collectives, b.flop_ops, b.n_events, b.ts_fractional, b.min_ts_us)
-    assert (a.distributed, a.device_properties, a.base_time_ns) == (
-        b.distributed, b.device_properties, b.base_time_ns)
 
 
 @needs_fixtures

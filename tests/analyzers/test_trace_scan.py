@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from pardiag.analyzers import trace as tr
-from test_trace_parallel import same
+from tracegen import same_trace as same
 
 pytestmark = pytest.mark.skipif(tr._scan is None, reason="the C scanner was not built (no C compiler)")
 

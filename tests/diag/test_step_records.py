@@ -197,10 +197,11 @@ def test_what_its_boundary_waited_for_is_not_pardiags_work(tmp_path: Path, monke
     assert sum(r.pardiag_us - r.pardiag_own_us for r in recs) > work_ns / 1e3, recs
     for r in recs:
         assert r.pardiag_cpu_us is not None, r
-        # the 30 ms burned and pardiag's own bookkeeping: 0.02-0.6 ms alone, 0.1-2.0 ms and on
-        # another day 3.1-3.7 ms beside the rival (measured: its CPU time is not the wall's
-        # 25-82 ms of waiting, which would double it)
-        assert work_ns / 1e3 <= r.pardiag_own_us < work_ns / 1e3 + 7_500, r
+        # the 30 ms burned and pardiag's own bookkeeping: 0.02-0.6 ms alone; beside the rival
+        # the thread's CPU time read 0.1-2.0 ms more on one day, 3.1-3.7 on another and up to
+        # 10.8 in a full run on a busy host (a shared host's CPU clock runs on while it waits).
+        # Well under the 25-82 ms of waiting, which would make it the wall's 55-110 ms.
+        assert work_ns / 1e3 <= r.pardiag_own_us < 1.5 * work_ns / 1e3, r
         assert not counted(r)  # 30 ms of work is a disturbed step all the same
 
 
