@@ -585,14 +585,13 @@ class CpuFloor:
         ranks, cores = self.hosts[host]
         return sum(self.cpu_us[r] for r in ranks) / (cores * self.step_us) if self.step_us > 0 else 0.0
 
-    def kept_busy(self, edits: Sequence[rp.Edit]) -> tuple[str, float] | None:
-        """(the busiest host, its busy share) when the edits are regrouped buckets alone
-        and that host's cores are ``BUSY_CORES`` busy: they stay so."""
+    def kept_busy(self, edits: Sequence[rp.Edit], host: str | None = None) -> float | None:
+        """The host's busy share (by default the busiest host's) when the edits are
+        regrouped buckets alone and its cores are ``BUSY_CORES`` busy: they stay so."""
         if not edits or not all(isinstance(e, rp.RegroupBuckets) for e in edits) or self.step_us <= 0:
             return None
-        h = self.busiest()[0]
-        b = self.busy_share(h)
-        return (h, b) if b >= BUSY_CORES else None
+        b = self.busy_share(self.busiest()[0] if host is None else host)
+        return b if b >= BUSY_CORES else None
 
     def floor_us(self, edits: Sequence[rp.Edit]) -> float | None:
         if not edits or not all(isinstance(e, (rp.Straggler, rp.RegroupBuckets, rp.UncontendedCollectives,
@@ -605,25 +604,22 @@ class CpuFloor:
             peers = [v for r, v in self.cpu_us.items() if r != e.rank]
             if e.rank in self.cpu_us and peers:
                 gone[e.rank] = max(self.cpu_us[e.rank] - statistics.median(peers), 0.0)
-        kept = self.kept_busy(edits)
-        busy = max(kept[1], 1e-9) if kept is not None else 1.0
-        return max((sum(self.cpu_us[r] - gone.get(r, 0.0) for r in ranks) / (cores * busy)
-                    for ranks, cores in self.hosts.values()), default=None)
+        return max((sum(self.cpu_us[r] - gone.get(r, 0.0) for r in ranks) / (cores * (self.kept_busy(edits, h) or 1.0))
+                    for h, (ranks, cores) in self.hosts.items()), default=None)
 
     def busiest(self) -> tuple[str, tuple[int, ...], int]:
         h = max(self.hosts, key=lambda k: sum(self.cpu_us[r] for r in self.hosts[k][0]) / self.hosts[k][1])
         return h, self.hosts[h][0], self.hosts[h][1]
 
     def words(self, floor: float, projected: float, straggler: bool = True,
-              kept: tuple[str, float] | None = None) -> str:
+              kept: float | None = None) -> str:
         h, ranks, cores = self.busiest()
         out = "a straggler's excess over its peers taken out" if straggler else "none of it removed by the change"
         if kept is not None:
             return (f"raised from {projected / 1e3:.1f} to {floor / 1e3:.1f} ms per step: the processes of ranks "
-                    f"{', '.join(map(str, ranks))} keep host {h}'s {cores} cores {100 * kept[1]:.0f}% busy "
-                    f"(steps.jsonl, their CPU time per step, {out}), and regrouped buckets leave them as busy "
-                    "(the same job with its buckets regrouped kept 2 cores 87.5% busy against 87.8-90.8%, "
-                    "its step no shorter)")
+                    f"{', '.join(map(str, ranks))} keep host {h}'s {cores} cores {100 * kept:.0f}% busy "
+                    f"(steps.jsonl, their CPU time per step, {out}), and regrouped buckets, which take none of "
+                    "that work away, leave them as busy: the step as long")
         return (f"raised from {projected / 1e3:.1f} to {floor / 1e3:.1f} ms per step: host {h}'s {cores} cores "
                 f"do the CPU work of ranks {', '.join(map(str, ranks))} (steps.jsonl, their processes' CPU time "
                 f"per step, {out}) no faster than that")

@@ -102,7 +102,7 @@ def _hta_scope(trace: Trace, start: npt.NDArray[np.int64],
     # whether any host operator is kept: its earliest start is (rounding keeps the order),
     # without a rounded copy of every start (8 MB of temporaries at 200 MB of trace)
     host = trace.cpu.ts_us
-    first_host = (_round_start(host[np.argmin(host):][:1], trace) - origin) if len(host) else host[:0]
+    first_host = _round_start(host[[int(np.argmin(host))]] if len(host) else host, trace) - origin
     kept_cpu_gpu_rows = np.flatnonzero(~gpu_side & _before(start, limit, include_last_step))
     correlations = np.concatenate([
         trace.launches.correlation[launched],

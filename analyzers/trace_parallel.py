@@ -197,14 +197,18 @@ def _join(parts: list[_Part], meta: tr._Extractor, python_functions: bool, path:
     """The parts in file order as one trace, as the serial reader would have built it."""
     ex = tr._Extractor(python_functions)
     ex.meta = meta.meta
-    name_maps: dict[int, npt.NDArray[np.int32]] = {}  # by numbering (its names list)
+    # a thread's numbering (keyed by its names list, which its extractor keeps alive until
+    # the join is done: `_Numberings.close`) -> its ids' joined ones, -1 where not met yet
+    name_maps: dict[int, npt.NDArray[np.int32]] = {}
     cat_maps: dict[int, npt.NDArray[np.int32]] = {}
-    held: list[list[str]] = []  # the numberings' names lists, whose ids key the maps
     while parts:
         part = parts.pop(0)  # its columns held by the chunks alone: freed as each column is joined
-        if part.name_order is not None and id(part.names) not in name_maps:
-            held.append(part.names)
-        name_map = _grown(name_maps, id(part.names), len(part.names))
+        if part.name_order is None:  # the block's own numbering, its ids met in order
+            name_map = np.full(len(part.names), -1, dtype=np.int32)
+            cat_map = np.full(len(part.cats), -1, dtype=np.int32)
+        else:
+            name_map = _grown(name_maps, id(part.names), len(part.names))
+            cat_map = _grown(cat_maps, id(part.names), len(part.cats))
         for i in range(len(part.names)) if part.name_order is None else part.name_order:
             if name_map[i] >= 0:
                 continue
@@ -215,7 +219,6 @@ def _join(parts: list[_Part], meta: tr._Extractor, python_functions: bool, path:
                 ex.names.append(name)
                 ex.name_flags.append(part.name_flags[i])
             name_map[i] = nid
-        cat_map = _grown(cat_maps, id(part.names), len(part.cats))
         for i in range(len(part.cats)) if part.cat_order is None else part.cat_order:
             if cat_map[i] >= 0:
                 continue
@@ -224,8 +227,6 @@ def _join(parts: list[_Part], meta: tr._Extractor, python_functions: bool, path:
             if cid is None:
                 cid = ex.cat_ids[cat] = len(ex.cat_ids)
             cat_map[i] = cid
-        if part.name_order is None:  # a block's own numbering: its maps are its alone
-            del name_maps[id(part.names)], cat_maps[id(part.names)]
         for table, cols in ((ex.gpu, part.gpu), (ex.cpu, part.cpu), (ex.launches, part.launches),
                             (ex.memory, part.memory)):
             if not next(iter(cols.values())).size:
@@ -320,16 +321,15 @@ def load_parallel(path: Path, workers: int, python_functions: bool = False,
                 except BaseException:
                     pool.shutdown(wait=False, cancel_futures=True)  # no more blocks decoded for nothing
                     raise
+            for key, value in tail.meta.items():  # the head's metadata first, as the serial reader keeps it
+                meta.meta.setdefault(key, value)
+            parts.append(_part_of(tail))
+            return _join(parts, meta, python_functions, str(path))
         except _Fallback:
             return None
         finally:
             if numberings is not None:
                 numberings.close()
-        for key, value in tail.meta.items():  # the head's metadata first, as the serial reader keeps it
-            meta.meta.setdefault(key, value)
-        parts.append(_part_of(tail))
-        tr.release_memory()  # what the decoding threads freed, before the columns are joined
-        return _join(parts, meta, python_functions, str(path))
 
 
 def _processes(n: int) -> Executor:

@@ -102,14 +102,15 @@ def test_against_unit_cells() -> None:
         assert subtract_length(arr_a, arr_b) == len(cells_a - cells_b)
 
 
-def test_whole_number_overlaps_are_the_sweeps_to_the_last_bit() -> None:
+def test_whole_number_overlaps_are_the_sweeps_to_the_last_bit(monkeypatch: pytest.MonkeyPatch) -> None:
     """Whole-number boundaries take the cumulative-coverage way; it must give the sweep's
     result exactly (forced here by offsetting one set by half a unit and back: the sweep
     runs on the fractional copy)."""
-    import numpy as np
-
     from pardiag.analyzers import intervals as iv
 
+    calls: list[int] = []
+    real = iv._covered_by
+    monkeypatch.setattr(iv, "_covered_by", lambda b_s, b_e: (calls.append(1), real(b_s, b_e))[1])
     rng = np.random.default_rng(5)
     for trial in range(200):
         n, m = int(rng.integers(1, 300)), int(rng.integers(1, 300))
@@ -125,3 +126,4 @@ def test_whole_number_overlaps_are_the_sweeps_to_the_last_bit() -> None:
         assert fast == sweep == brute, trial
         merged = iv.intersection_length(iv.union(a_s, a_e), iv.union(b_s, b_e), merged=True)
         assert merged == fast
+    assert len(calls) == 400  # whole numbers took the coverage way every time, fractions never

@@ -58,6 +58,13 @@ def test_every_real_trace_reads_the_same(monkeypatch: pytest.MonkeyPatch, path: 
     plain, fast = both(monkeypatch, path)
     same(fast, plain)
     assert fast.n_events > 0
+    # and the scanner read it (were it to hand every block back, both readers would be msgspec)
+    scanned_blocks: list[bool] = []
+    real = tr._Extractor._add_scanned
+    monkeypatch.setattr(tr._Extractor, "_add_scanned",
+                        lambda ex, body, got: (scanned_blocks.append(True), real(ex, body, got))[1])
+    same(tr.load_trace(path, workers=1), plain)
+    assert scanned_blocks
 
 
 @pytest.mark.skipif(not (SHARED / "gpu-traces").exists(), reason="real GPU traces not found")
