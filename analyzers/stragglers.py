@@ -328,7 +328,7 @@ def _judge(series: _Series, evidence: Mapping[int, RankEvidence]) -> list[Stragg
             evidence_lines.append(f"{name}: {tables[candidate][phase] / 1000:.1f} ms per step on rank {candidate} vs "
                                   f"{others_of[phase] / 1000:.1f} ms on the others (median; {table})")
     return [Straggler(rank=candidate, excess_us_per_step=extra_work, cause=cause,
-                      evidence=evidence_lines, held_us_per_step=held)]
+                      evidence=evidence_lines, held_us_per_step=held, held_from=series.source)]
 
 
 CPU_AGREES = 0.5

@@ -154,6 +154,7 @@ class Straggler:
     cause: str
     evidence: list[str]
     held_us_per_step: float | None = None  # how much longer the others wait per step
+    held_from: str | None = None  # what held_us_per_step was timed over: "steps.jsonl" or "profiled window"
 
 
 @dataclass(frozen=True)

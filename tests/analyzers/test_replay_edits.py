@@ -287,6 +287,35 @@ def test_a_stragglers_fix_leaves_its_peers_work_at_its_unprofiled_speed(tmp_path
     assert f.est_saving_pct == pytest.approx(10.0)
 
 
+def test_a_stragglers_fix_is_also_measured_over_the_jobs_own_steps(tmp_path: Path) -> None:
+    # as above, the window's replay projects 2024 us of the job's 3000 (32.5%). Over the
+    # job's counted steps (steps.jsonl) the others waited 1100 us per step more than rank 1,
+    # whose extra work was 1200: 1100 of 3000 (36.7%). The estimate is their mean, 34.6%,
+    # and so is the what-if of all findings at once (the straggler being the only one)
+    from pardiag.analysis import Straggler
+
+    m = _model(tmp_path, gloo_replay_rank(0, 2210, 2710), gloo_replay_rank(300, 2510, 2710))
+    a = _straggler_analysis()
+    timed = Straggler(rank=1, excess_us_per_step=1200.0, cause="forward", evidence=[], held_us_per_step=1100.0,
+                      held_from="steps.jsonl")
+    out = estimates.apply(replace(a, stragglers=[timed]), estimates.Inputs(m, _cpu_records(2000.0, 1600.0)))
+    (f,) = out.findings
+    assert f.est_saving_pct == pytest.approx(round(100 * (0.325 + 1100 / 3000) / 2, 1))
+    assert out.what_if is not None and out.what_if.all_saving_pct == pytest.approx(f.est_saving_pct)
+    assert f.estimate is not None and any("the mean of the two" in e and "32.5%" in e and "36.7%" in e
+                                          for e in f.estimate["edits"])
+    fac = f.estimate["factors"][-1]
+    assert fac["value"] == pytest.approx(1.1) and fac["unit"] == "ms" and fac["measured"]
+    # bounded by the straggler's extra work: 900 us of it, 30.0%, mean 31.25
+    less = replace(timed, excess_us_per_step=900.0)
+    (f,) = estimates.apply(replace(a, stragglers=[less]), estimates.Inputs(m, _cpu_records(2000.0, 1600.0))).findings
+    assert f.est_saving_pct == pytest.approx(31.25, abs=0.051)
+    # a wait timed in the profiled window only is no second measure: the replay's 32.5%
+    window = replace(timed, held_from="profiled window")
+    (f,) = estimates.apply(replace(a, stragglers=[window]), estimates.Inputs(m, _cpu_records(2000.0, 1600.0))).findings
+    assert f.est_saving_pct == pytest.approx(32.5)
+
+
 def test_the_peers_preemption_in_the_window_is_not_part_of_the_step_a_stragglers_fix_leaves(tmp_path: Path) -> None:
     # two profiled steps; rank 1 sleeps 300 us in each. In step 2 rank 0's forward took
     # 1400 us, 400 of them on the run queue: it arrived at 2830 + 2610 = 5440, after rank
