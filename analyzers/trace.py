@@ -38,11 +38,13 @@ import os
 import re
 import sys
 import zlib
+from array import array
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from collections.abc import Sequence as SequenceABC
+from typing import Any, Callable, Iterator, Protocol, Sequence, overload
 
 import msgspec
 import numpy as np
@@ -304,6 +306,145 @@ class FlopOp:
     grad_mode: bool
 
 
+class FlopColumns:
+    """`FlopOp`s as they are found, column by column (no object per operator: a 200 MB
+    trace holds 14,838, whose objects and floats, freed among the objects that stay,
+    would keep 2.4 MB of the allocator's pages). Recorded inputs are kept once per
+    object (the decoder shares equal ones)."""
+
+    __slots__ = ("names", "_name_ix", "name", "pid", "tid", "ts", "dur", "values", "_value_ix", "dims", "types",
+                 "concrete", "grad")
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self._name_ix: dict[str, int] = {}
+        self.name = array("i")
+        self.pid = array("q")
+        self.tid = array("q")
+        self.ts = array("d")
+        self.dur = array("d")
+        self.values: list[Any] = []
+        self._value_ix: dict[int, int] = {}  # id() of a kept value -> its index
+        self.dims = array("i")
+        self.types = array("i")
+        self.concrete = array("i")
+        self.grad = array("b")
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def __getstate__(self) -> dict[str, Any]:  # (a worker process's part) ids mean nothing elsewhere
+        return {k: getattr(self, k) for k in self.__slots__ if k not in ("_name_ix", "_value_ix")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+        self._name_ix = {n: i for i, n in enumerate(self.names)}
+        self._value_ix = {id(v): i for i, v in enumerate(self.values)}
+
+    def _value(self, v: Any) -> int:
+        at = self._value_ix.get(id(v))
+        if at is None:
+            at = self._value_ix[id(v)] = len(self.values)
+            self.values.append(v)
+        return at
+
+    def _name(self, name: str) -> int:
+        at = self._name_ix.get(name)
+        if at is None:
+            at = self._name_ix[name] = len(self.names)
+            self.names.append(name)
+        return at
+
+    def add(self, name: str, pid: int, tid: int, ts: float, dur: float, input_dims: Any, input_type: Any,
+            concrete: Any, grad_mode: bool) -> None:
+        self.name.append(self._name(name))
+        self.pid.append(pid if _INT64_MIN <= pid <= _INT64_MAX else -1)
+        self.tid.append(tid if _INT64_MIN <= tid <= _INT64_MAX else -1)
+        self.ts.append(ts)
+        self.dur.append(dur)
+        self.dims.append(self._value(input_dims))
+        self.types.append(self._value(input_type))
+        self.concrete.append(self._value(concrete))
+        self.grad.append(grad_mode)
+
+    def extend(self, other: FlopColumns) -> None:
+        names = [self._name(n) for n in other.names]
+        values = [self._value(v) for v in other.values]
+        self.name.extend(array("i", (names[i] for i in other.name)))
+        for mine, theirs in ((self.dims, other.dims), (self.types, other.types), (self.concrete, other.concrete)):
+            mine.extend(array("i", (values[i] for i in theirs)))
+        self.pid.extend(other.pid)
+        self.tid.extend(other.tid)
+        self.ts.extend(other.ts)
+        self.dur.extend(other.dur)
+        self.grad.extend(other.grad)
+
+
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+class FlopOps(SequenceABC[FlopOp]):
+    """A trace's `FlopOp`s held as columns (`FlopColumns`, as numpy arrays): read one by
+    one, each is a `FlopOp` made on the spot."""
+
+    __slots__ = ("_names", "_name", "_pid", "_tid", "_ts", "_dur", "_values", "_dims", "_types", "_concrete",
+                 "_grad")
+
+    def __init__(self, ops: FlopColumns | Sequence[FlopOp]) -> None:
+        if not isinstance(ops, FlopColumns):
+            cols = FlopColumns()
+            for o in ops:
+                cols.add(o.name, o.pid, o.tid, o.ts_us, o.dur_us, o.input_dims, o.input_type, o.concrete, o.grad_mode)
+            ops = cols
+        self._names, self._values = ops.names, ops.values
+        self._name = np.frombuffer(ops.name, dtype=np.intc)
+        self._pid = np.frombuffer(ops.pid, dtype=np.int64)
+        self._tid = np.frombuffer(ops.tid, dtype=np.int64)
+        self._ts = np.frombuffer(ops.ts, dtype=np.float64)
+        self._dur = np.frombuffer(ops.dur, dtype=np.float64)
+        self._dims = np.frombuffer(ops.dims, dtype=np.intc)
+        self._types = np.frombuffer(ops.types, dtype=np.intc)
+        self._concrete = np.frombuffer(ops.concrete, dtype=np.intc)
+        self._grad = np.frombuffer(ops.grad, dtype=np.int8)
+
+    def __len__(self) -> int:
+        return len(self._ts)
+
+    def _op(self, i: int) -> FlopOp:
+        v = self._values
+        return FlopOp(name=self._names[self._name[i]], pid=int(self._pid[i]), tid=int(self._tid[i]),
+                      ts_us=float(self._ts[i]), dur_us=float(self._dur[i]), input_dims=v[self._dims[i]],
+                      input_type=v[self._types[i]], concrete=v[self._concrete[i]], grad_mode=bool(self._grad[i]))
+
+    @overload
+    def __getitem__(self, i: int) -> FlopOp: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[FlopOp]: ...
+
+    def __getitem__(self, i: int | slice) -> FlopOp | list[FlopOp]:
+        if isinstance(i, slice):
+            return [self._op(k) for k in range(*i.indices(len(self)))]
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        return self._op(i % len(self) if i < 0 else i)
+
+    def __iter__(self) -> Iterator[FlopOp]:
+        return (self._op(i) for i in range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, (FlopOps, tuple, list)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def within(self, lo: float, hi: float) -> list[FlopOp]:
+        """The operators starting in [lo, hi) with a duration that is not negative, in
+        file order."""
+        return [self._op(int(i)) for i in np.flatnonzero((self._ts >= lo) & (self._ts < hi) & (self._dur >= 0))]
+
+
 @dataclass(frozen=True)
 class Trace:
     """One rank's trace as columns. Times are the file's microseconds."""
@@ -325,7 +466,7 @@ class Trace:
     inward to whole microseconds (start up, end down)."""
     min_ts_us: float
     """Earliest start among events with a category and a duration (HTA's origin)."""
-    flop_ops: tuple[FlopOp, ...] = ()
+    flop_ops: FlopOps | tuple[FlopOp, ...] = ()
     """Host operators with a FLOP rule (``cpu_op``), in file order."""
     memory: MemoryEvents = field(default_factory=_no_memory_events)
     """``[memory]`` events; empty unless the profiler recorded allocations."""
@@ -542,14 +683,13 @@ class _Extractor:
                                device_type=i64)
         self.steps: list[StepMark] = []
         self.collectives: list[CollectiveEvent] = []
-        self.flop_ops: list[FlopOp] = []
+        self.flop_ops = FlopColumns()
         self.n_events = 0
         self.ts_fractional = False
         self.min_ts: float = float("inf")
         self.meta: dict[str, Any] = {}
         self._scanner: Any = None
         self._values: dict[bytes, Any] = {} if numbering is None else numbering._values  # by JSON text
-        self._ints: dict[int, int] = {} if numbering is None else numbering._ints  # one object per pid, tid
 
     def _value(self, raw: msgspec.Raw) -> Any:
         """A recorded argument's value (shapes, types), decoded once per distinct text: a
@@ -808,13 +948,9 @@ class _Extractor:
             return
         if f & _FLOP and gpu_stream is None and cat == "cpu_op":
             pid, tid = e.pid, e.tid
-            ints = self._ints
-            self.flop_ops.append(FlopOp(
-                name=name, pid=ints.setdefault(pid, pid) if type(pid) is int else -1,
-                tid=ints.setdefault(tid, tid) if type(tid) is int else -1,
-                ts_us=float(e.ts or 0), dur_us=float(e.dur or 0), input_dims=self._value(a.input_dims),
-                input_type=self._value(a.input_type), concrete=self._value(a.concrete),
-                grad_mode=a.sequence_nr is not None))
+            self.flop_ops.add(name, pid if type(pid) is int else -1, tid if type(tid) is int else -1,
+                              float(e.ts or 0), float(e.dur or 0), self._value(a.input_dims),
+                              self._value(a.input_type), self._value(a.concrete), a.sequence_nr is not None)
         if launch and gpu_stream is None and a.correlation is not None and not f & _SYNC:
             tid = e.tid
             self.launches.append(nid, tid if type(tid) is int else -1, a.correlation,
@@ -843,6 +979,7 @@ class _Extractor:
 
     def finish(self, path: str) -> Trace:
         self._scanner = None  # it holds this extractor's methods: no cycle left behind
+        flop_ops, self.flop_ops = FlopOps(self.flop_ops), FlopColumns()
         return Trace(
             path=path,
             distributed=_distributed_info(self.meta.get("distributedInfo")),
@@ -859,7 +996,7 @@ class _Extractor:
             n_events=self.n_events,
             ts_fractional=self.ts_fractional,
             min_ts_us=float(self.min_ts) if self.min_ts != float("inf") else 0.0,
-            flop_ops=tuple(self.flop_ops),
+            flop_ops=flop_ops,
             memory=MemoryEvents(**self.memory.arrays()),
         )
 

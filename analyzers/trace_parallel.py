@@ -112,7 +112,7 @@ class _Part:
     memory: dict[str, npt.NDArray[Any]]
     steps: list[tr.StepMark]
     collectives: list[tr.CollectiveEvent]
-    flop_ops: list[tr.FlopOp]
+    flop_ops: tr.FlopColumns
     n_events: int
     ts_fractional: bool
     min_ts: float
@@ -242,7 +242,7 @@ def _join(parts: list[_Part], meta: tr._Extractor, python_functions: bool, path:
                 table.chunks[k].append(col)
         ex.steps += part.steps
         ex.collectives += part.collectives
-        ex.flop_ops += part.flop_ops
+        ex.flop_ops.extend(part.flop_ops)
         ex.n_events += part.n_events
         ex.ts_fractional = ex.ts_fractional or part.ts_fractional
         ex.min_ts = min(ex.min_ts, part.min_ts)

@@ -352,3 +352,33 @@ def test_name_ids_are_as_narrow_as_the_names_allow(tmp_path: Path) -> None:
         t = tr.load_trace(write_kineto_trace(tmp_path / f"t{n}.json", events), workers=1)
         assert t.gpu.name_id.dtype == dtype and t.gpu.cat_id.dtype == np.int8, n
         assert [t.names[i] for i in t.gpu.name_id.tolist()] == [f"k{i}" for i in range(n)]
+
+
+def test_flop_ops_as_columns_read_back_as_they_were_found() -> None:
+    import pickle
+
+    from pardiag.analyzers.trace import FlopColumns, FlopOp, FlopOps
+
+    dims, types = [[8, 16], [16, 4]], ["float", "float"]
+    ops = [FlopOp("aten::mm", 7, 11, 10.5, 2.25, dims, types, None, True),
+           FlopOp("aten::addmm", 7, 12, 20.0, -1.0, [[4]], ["float"], [""], False),
+           FlopOp("aten::mm", -1, 11, 30.0, 3.0, dims, types, None, False)]
+    cols = FlopOps(ops)
+    assert len(cols) == 3 and list(cols) == ops and cols == tuple(ops) and cols[-1] == ops[2] and cols[1:] == ops[1:]
+    # one copy of each recorded input that the decoder shared
+    assert cols[0].input_dims is cols[2].input_dims
+    # starting in [10, 30), duration not negative: the first only
+    assert cols.within(10.0, 30.0) == ops[:1]
+    with pytest.raises(IndexError):
+        cols[3]
+    # a worker process's part, pickled, then joined after another's: names and inputs renumbered
+    a, b = FlopColumns(), FlopColumns()
+    for col, part in ((a, ops[2:]), (b, ops[:2])):
+        for o in part:
+            col.add(o.name, o.pid, o.tid, o.ts_us, o.dur_us, o.input_dims, o.input_type, o.concrete, o.grad_mode)
+    a.extend(pickle.loads(pickle.dumps(b)))
+    assert list(FlopOps(a)) == ops[2:] + ops[:2] and a.names == ["aten::mm", "aten::addmm"]
+    # a pid beyond int64 is not a pid: -1, as a pid that is not a number
+    big = FlopColumns()
+    big.add("aten::mm", 1 << 70, 3, 0.0, 1.0, None, None, None, False)
+    assert FlopOps(big)[0].pid == -1
