@@ -40,7 +40,7 @@ pardiag adds memory_us (union of MEMORY events) and kernel_us (union of all even
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -75,8 +75,7 @@ class GpuBreakdown:
         return self.overlap_us / self.comm_us if self.comm_us > 0 else None
 
 
-def _hta_scope(trace: Trace, start: npt.NDArray[np.int64],
-               include_last_step: bool) -> npt.NDArray[np.intp]:
+def _hta_scope(trace: Trace, include_last_step: bool) -> npt.NDArray[np.intp]:
     """Rows of ``trace.gpu`` HTA keeps, in the order HTA holds them."""
     g = trace.gpu
     step_names = {s.name for s in trace.steps}
@@ -103,28 +102,34 @@ def _hta_scope(trace: Trace, start: npt.NDArray[np.int64],
     # without a rounded copy of every start (8 MB of temporaries at 200 MB of trace)
     host = trace.cpu.ts_us
     first_host = _round_start(host[[int(np.argmin(host))]] if len(host) else host, trace) - origin
-    kept_cpu_gpu_rows = np.flatnonzero(~gpu_side & _before(start, limit, include_last_step))
-    correlations = np.concatenate([
-        trace.launches.correlation[launched],
-        g.correlation[kept_cpu_gpu_rows],
-        # HTA gives every host event without a correlation the correlation -1 (in the
-        # columns' own type: no int64 copy of them all where they are int32)
-        np.full(int(np.any(_before(first_host, limit, include_last_step))), -1,
-                np.result_type(trace.launches.correlation, g.correlation)),
-    ])
+    cpu_gpu_rows = np.flatnonzero(~gpu_side)  # (few: the start of these alone)
+    kept_cpu_gpu_rows = cpu_gpu_rows[_before(_aligned_times(trace, cpu_gpu_rows)[0], limit, include_last_step)]
+    del cpu_gpu_rows
+    # kept: a GPU event whose correlation is a kept launch's, a kept GPU-side host event's,
+    # or -1 (HTA gives every host event without a correlation the correlation -1), each
+    # pool searched alone (one copy of the largest at a time, sorted where it is)
+    linked = _member(g.correlation, trace.launches.correlation[launched], sort_in_place=True)
     del launched
-    gpu_side &= _member(g.correlation, correlations)
-    del correlations
+    linked |= _member(g.correlation, g.correlation[kept_cpu_gpu_rows], sort_in_place=True)
+    if np.any(_before(first_host, limit, include_last_step)):
+        linked |= g.correlation == -1
+    gpu_side &= linked
+    del linked
     kept_gpu_rows = np.flatnonzero(gpu_side)
     return np.concatenate([kept_gpu_rows, kept_cpu_gpu_rows])
 
 
-def _member(values: npt.NDArray[np.int64], pool: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+def _member(values: npt.NDArray[np.integer[Any]], pool: npt.NDArray[np.integer[Any]],
+            sort_in_place: bool = False) -> npt.NDArray[np.bool_]:
     """``np.isin(values, pool)`` by a sort of ``pool`` and a binary search: numpy's
-    isin makes both arrays unique first (0.9 s of a 1 GB trace's 1.2 s breakdown)."""
+    isin makes both arrays unique first (0.9 s of a 1 GB trace's 1.2 s breakdown).
+    ``sort_in_place``: ``pool`` is the caller's temporary, sorted where it is."""
     if not len(pool) or not len(values):
         return np.zeros(len(values), dtype=bool)
-    pool = np.sort(pool)
+    if sort_in_place:
+        pool.sort()
+    else:
+        pool = np.sort(pool)
     at = np.searchsorted(pool, values)
     at[at == len(pool)] = 0
     found: npt.NDArray[np.bool_] = pool[at] == values
@@ -158,18 +163,25 @@ def _origin(trace: Trace) -> int:
     return int(np.ceil(trace.min_ts_us) if trace.ts_fractional else trace.min_ts_us)
 
 
-def _aligned_times(trace: Trace) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
-    """Start (int64) and end (float64) per GPU event, rounded and shifted like HTA."""
-    ts = trace.gpu.ts_us
-    dur = trace.gpu.dur_us
+def _aligned_times(trace: Trace, rows: npt.NDArray[np.intp]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """Start (int64) and end (float64) of the GPU events in ``rows``, rounded and shifted
+    like HTA."""
+    ts = trace.gpu.ts_us[rows]
+    end = trace.gpu.dur_us[rows]
     origin = _origin(trace)
+    # in place, the same arithmetic as start = ceil(ts); end = start - origin + (floor(ts + dur) - start)
     if trace.ts_fractional:
-        start = np.ceil(ts).astype(np.int64)
-        dur = np.floor(ts + dur) - start
+        end += ts
+        np.floor(end, out=end)
+        np.ceil(ts, out=ts)
+        start = ts.astype(np.int64)
+        end -= start
     else:
         start = ts.astype(np.int64)
+    del ts
     start -= origin
-    return start, start + dur
+    end += start
+    return start, end
 
 
 def gpu_breakdown(trace: Trace, *, rules: Sequence[KernelRule] = RULES,
@@ -182,17 +194,16 @@ def gpu_breakdown(trace: Trace, *, rules: Sequence[KernelRule] = RULES,
     g = trace.gpu
     if len(g) == 0:
         return None
-    start, end = _aligned_times(trace)
-    rows = _hta_scope(trace, start, include_last_step)
+    rows = _hta_scope(trace, include_last_step)
     if rows.size == 0:
         return None
-    kinds = event_kinds(g.name_id, g.cat_id, trace.names, trace.cats, rules,
-                        memory_by_category)
-    s, e, k = start[rows], end[rows], kinds[rows]
+    # the events in scope alone (no column of every GPU event beside their copies), each
+    # temporary let go once used: at 200 MB of trace (86,802 kernels) the breakdown itself
+    # once peaked at 11.8 MB over the trace's columns
+    s, e = _aligned_times(trace, rows)
+    k = event_kinds(g.name_id[rows], g.cat_id[rows], trace.names, trace.cats, rules, memory_by_category)
     n_rows = int(rows.size)
-    # each temporary let go once used: at 200 MB of trace (86,802 kernels) the breakdown
-    # itself peaked at 11.8 MB over the trace's columns
-    del start, end, rows, kinds
+    del rows
 
     # temporal breakdown: HTA sorts the frame by start in place first
     all_s, all_e = intervals.union(s, e)
