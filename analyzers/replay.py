@@ -39,9 +39,10 @@ import bisect
 import math
 import re
 import statistics
-from collections import defaultdict
+from array import array
+from collections import defaultdict, deque
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -762,17 +763,24 @@ def clock_alignment(calls: Mapping[int, Sequence[CollectiveCall]],
     return offsets
 
 
-def build_model(traces: Mapping[int, Trace], incomplete: Iterable[int] = (),
+def build_model(traces: Mapping[int, Trace] | Iterable[tuple[int, Trace]], incomplete: Iterable[int] = (),
                 hosts: Mapping[int, str | None] | None = None) -> Model:
-    """The dependency model of the ranks' profiled windows. ``incomplete``: ranks whose
-    window was cut short by the process exiting (their last step is left out).
-    ``hosts``: each rank's host; ranks on the host of the lowest rank share its clock,
-    the others (and all of them when hosts are not known) are aligned on the ends of
-    their matched collectives (``collectives.clock_offsets``)."""
+    """The dependency model of the ranks' profiled windows. ``traces``: by rank, or
+    (rank, trace) pairs in rank order, each let go once its rank is built (a job of
+    1,024 ranks need not hold every trace at once). ``incomplete``: ranks whose window
+    was cut short by the process exiting (their last step is left out). ``hosts``: each
+    rank's host; ranks on the host of the lowest rank share its clock, the others (and all
+    of them when hosts are not known) are aligned on the ends of their matched
+    collectives (``collectives.clock_offsets``): each rank is built on its own clock and
+    its nodes moved by its offset once every rank's collectives are known."""
     model = Model([], {}, {}, {}, {}, {}, {})
-    per_rank: dict[int, tuple[tuple[StepSpan, ...], int, list[CollectiveCall]]] = {}
     cut = set(incomplete)
-    for r, t in sorted(traces.items()):
+    builders: dict[int, _RankBuilder] = {}
+    worlds: list[int] = []
+    pairs = sorted(traces.items()) if isinstance(traces, Mapping) else traces
+    for r, t in pairs:
+        if t.distributed:
+            worlds.append(t.distributed.world_size or 0)
         steps, main = profiled_steps(t)
         if r in cut and len(steps) > 1:
             steps = steps[:-1]
@@ -780,18 +788,26 @@ def build_model(traces: Mapping[int, Trace], incomplete: Iterable[int] = (),
             model.notices.append(f"rank {r}: no ProfilerStep in the trace, left out of the replay")
             continue
         window = (steps[0].start_us, steps[-1].end_us)
-        per_rank[r] = (steps, main, collective_calls(t, steps, window))
-    builders: list[_RankBuilder] = []
-    offsets = clock_alignment({r: c for r, (_, _, c) in per_rank.items()}, hosts)
-    for r, (steps, main, calls) in per_rank.items():
-        off = offsets.get(r, 0.0)
-        b = _RankBuilder(model, r, traces[r], steps, main, calls, off)
+        b = _RankBuilder(model, r, t, steps, main, collective_calls(t, steps, window), 0.0)
         b.build()
-        builders.append(b)
-        model.origin[r] = steps[0].start_us - off
+        del b.t  # what the model needs of the trace is in its nodes now
+        builders[r] = b
         model.measured_steps[r] = {sp.step: (steps[i + 1].start_us if i + 1 < len(steps) else sp.end_us)
                                    - sp.start_us for i, sp in enumerate(steps)}
-    world = max([t.distributed.world_size or 0 for t in traces.values() if t.distributed] + [len(per_rank)])
+    t = None  # (the last trace, too)
+    offsets = clock_alignment({r: b.calls for r, b in builders.items()}, hosts)
+    nodes = model.nodes
+    for r, b in builders.items():
+        off = b.off = offsets.get(r, 0.0)
+        model.origin[r] = b.steps[0].start_us - off
+        if off:
+            for (rank, _), ids in model.streams.items():
+                if rank == r:
+                    for i in ids:
+                        n = nodes[i]
+                        n.measured_start -= off
+                        n.measured_end -= off
+    world = max(worlds + [len(builders)])
     # collectives: matched when every rank analysed has the key with one op and one size
     nodes = model.nodes
     colls = [i for i, n in enumerate(nodes) if n.kind == COLL]  # (a few of millions of nodes)
@@ -805,7 +821,7 @@ def build_model(traces: Mapping[int, Trace], incomplete: Iterable[int] = (),
         # only a group whose members are all here can be replayed as one synchronisation
         # (a trace that names no group size: the job's world size, when the trace says it)
         whole = (max(sizes) if sizes else world) <= len(ids)
-        if len(ids) == len(per_rank) > 1 and len(ops) == 1 and whole:
+        if len(ids) == len(builders) > 1 and len(ops) == 1 and whole:
             model.groups[k] = ids
         else:
             for i in ids:  # seen on one rank, or the ranks disagree: a local op of its measured length
@@ -821,7 +837,7 @@ def build_model(traces: Mapping[int, Trace], incomplete: Iterable[int] = (),
             first_end = max(min(nodes[m].measured_end for m in ids) - arrived, 0.0)
             for m in ids:
                 last_arrival[m], post[m] = arrived, first_end
-    for b in builders:
+    for b in builders.values():
         b.waits(last_arrival, post)
     # a collective is complete at the first sign of it on any member: an annotation's end
     # or a thread it released; from the last arrival to then is its transfer time
@@ -1253,9 +1269,9 @@ class Timeline:
     it waited for (-1: its rank's origin; <= -2: a collective that waited for member
     ``-2 - why``)."""
 
-    start: list[float]
-    end: list[float]
-    why: list[int]
+    start: Sequence[float]
+    end: Sequence[float]
+    why: Sequence[int]
 
 
 def _step_lengths(model: Model, tl: Timeline) -> dict[int, dict[int, float]]:
@@ -1361,10 +1377,12 @@ def _schedule(model: Model, ap: _Applied, dur: Sequence[float]) -> Timeline:
     nodes = model.nodes
     delay, gone = ap.delay, ap.gone
     n = len(nodes)
-    start = [math.nan] * n
-    end = [math.nan] * n
-    arrival: dict[int, float] = {}
-    why: list[int] = [-1] * n  # the node whose end set this node's start (-1: stream order / origin)
+    # typed arrays, not lists of float objects: a job of 1,024 ranks has 3.2 million
+    # nodes, and a replay's lists of them held about 600 MB of its 2.4 GB peak
+    start = array("d", [math.nan]) * n
+    end = array("d", [math.nan]) * n
+    arrival = array("d", [math.nan]) * n  # (NaN: not arrived)
+    why = array("q", [-1]) * n  # the node whose end set this node's start (-1: stream order / origin)
     # a collective merged into another no longer synchronises the ranks; what waited
     # for it waits for the one that does its work
     member_of = ({} if ap.no_sync else
@@ -1379,7 +1397,7 @@ def _schedule(model: Model, ap: _Applied, dur: Sequence[float]) -> Timeline:
             while ptr[s] < len(ids):
                 i = ids[ptr[s]]
                 node = nodes[i]
-                if i not in arrival:
+                if math.isnan(arrival[i]):
                     if any(math.isnan(end[d]) for d in deps[i]):
                         break
                     prev = ids[ptr[s] - 1] if ptr[s] else -1
@@ -1396,7 +1414,7 @@ def _schedule(model: Model, ap: _Applied, dur: Sequence[float]) -> Timeline:
                     end[i] = start[i] + dur[i]
                 elif math.isnan(end[i]):
                     ids_k = model.groups[k]
-                    if not all(m in arrival for m in ids_k):
+                    if any(math.isnan(arrival[m]) for m in ids_k):
                         break
                     last = max(ids_k, key=lambda m: arrival[m])
                     for m in ids_k:
@@ -1423,8 +1441,8 @@ class PathSegment:
     end_us: float
 
 
-def _path_segments(model: Model, start: list[float], end: list[float],
-                   why: list[int]) -> dict[int, tuple[int, list[PathSegment]]]:
+def _path_segments(model: Model, start: Sequence[float], end: Sequence[float],
+                   why: Sequence[int]) -> dict[int, tuple[int, list[PathSegment]]]:
     """Per step: the rank whose step ended last, and the segments of the path that ended
     it, from the end of the step back to its start (last first)."""
     nodes = model.nodes
@@ -1458,7 +1476,7 @@ def _path_segments(model: Model, start: list[float], end: list[float],
     return out
 
 
-def _critical_paths(model: Model, start: list[float], end: list[float], why: list[int],
+def _critical_paths(model: Model, start: Sequence[float], end: Sequence[float], why: Sequence[int],
                     replayed: dict[int, dict[int, float]]) -> dict[int, CriticalPath]:
     nodes = model.nodes
     out: dict[int, CriticalPath] = {}
@@ -1524,32 +1542,46 @@ def model_of(found: Sequence[tuple[int, object, bool]]) -> Model:
     from pardiag.analyzers.trace import TraceError, gc_paused, trace_head
     from pardiag.errors import UserError
 
+    found = sorted(found, key=lambda x: x[0])
     with gc_paused():
+        hosts = {r: _host_of(trace_head(p)) for r, p, _ in found}  # type: ignore[arg-type]
         try:
-            traces = _load_all([(r, p) for r, p, _ in found])
+            return build_model(_load_all([(r, p) for r, p, _ in found]),
+                               incomplete=[r for r, _, complete in found if not complete],
+                               hosts=hosts if all(hosts.values()) else None)
         except TraceError as exc:
             raise UserError(str(exc)) from None
-        hosts = {r: _host_of(trace_head(p)) for r, p, _ in found}  # type: ignore[arg-type]
-        return build_model(traces, incomplete=[r for r, _, complete in found if not complete],
-                           hosts=hosts if all(hosts.values()) else None)
 
 
-def _load_all(found: Sequence[tuple[int, object]]) -> dict[int, Trace]:
-    """Every rank's trace: a large one decoded on every core, many small ones spread
-    over the cores (forked processes, Linux); raises `TraceError` for the first that
-    cannot be read, in rank order."""
-    from concurrent.futures import ProcessPoolExecutor
+def _load_all(found: Sequence[tuple[int, object]]) -> Iterator[tuple[int, Trace]]:
+    """Every rank's trace, in the order given, one at a time: a large one decoded on every
+    core, many small ones spread over the cores (forked processes, Linux; at most a few
+    per core decoded ahead); raises `TraceError` for the first that cannot be read."""
     import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
 
     from pardiag.analyzers import trace_parallel
     from pardiag.analyzers.trace import load_trace
 
     cores = trace_parallel.cores()
     if len(found) < 2 * cores or not trace_parallel.can_fork():
-        return {r: load_trace(p) for r, p in found}  # type: ignore[arg-type]
+        for r, p in found:
+            yield r, load_trace(p)  # type: ignore[arg-type]
+        return
+    ahead = 2 * cores
     with ProcessPoolExecutor(max_workers=cores, mp_context=multiprocessing.get_context("fork")) as pool:
-        got = list(pool.map(_load_one, [str(p) for _, p in found], chunksize=max(1, len(found) // (4 * cores))))
-    return {r: t for (r, _), t in zip(found, got)}
+        pending = deque((r, pool.submit(_load_one, str(p))) for r, p in found[:ahead])
+        rest = iter(found[ahead:])
+        try:
+            while pending:
+                r, fut = pending.popleft()
+                nxt = next(rest, None)
+                if nxt is not None:
+                    pending.append((nxt[0], pool.submit(_load_one, str(nxt[1]))))
+                yield r, fut.result()
+        finally:
+            for _, fut in pending:
+                fut.cancel()
 
 
 def _load_one(path: str) -> Trace:
