@@ -489,7 +489,8 @@ class _RankBuilder:
         gpu_run = len(t.gpu) > 0
         # the loop's thread, and the autograd engine's threads when backward runs elsewhere (GPU)
         host_tids = [self.main] + sorted(set(np.unique(cpu.tid[is_bwd & in_win]).tolist()) - {self.main})
-        self.host_ends: list[tuple[float, int, str]] = []  # (end, node, stream) of every host stream's work
+        # per host stream, the end and node of its work (typed arrays: a million of them at 1,024 ranks)
+        self.host_ends: dict[str, tuple[array[float], array[int]]] = {}
         # collectives first: host segments are cut where they are issued
         coll_nodes = self._collectives(host_tids)
         kernel_nodes = self._kernels() if gpu_run else {}
@@ -497,7 +498,7 @@ class _RankBuilder:
             self._host(tid, "host" if i == 0 else f"host thread {tid}", in_win,
                        coll_nodes, kernel_nodes)
         self._wire_issue(coll_nodes, kernel_nodes)
-        self.coll_nodes, self.kernel_nodes = coll_nodes, kernel_nodes
+        self.coll_nodes, self.kernel_nodes = coll_nodes, array("q", kernel_nodes.values())
 
     # -- collectives ---------------------------------------------------------------------
     def _collectives(self, host_tids: list[int]) -> list[tuple[int, float | None]]:
@@ -642,7 +643,8 @@ class _RankBuilder:
         kinds, phases = (WORK, GAP, SYNC), ("dataloader", "optimizer", "backward", "forward", "other", "host")
         first_of_step: dict[int, int] = {}
         with_step = (j >= 0).tolist()
-        add, ends = self.add_host, self.host_ends
+        add = self.add_host
+        ends_at, ends_of = self.host_ends.setdefault(stream, (array("d"), array("q")))
         for k, ph, s0, e0, st, has, g, rd, w in zip(kind_no.tolist(), phase_no.tolist(), seg_a.tolist(),
                                                      seg_b.tolist(), step_of.tolist(), with_step, gemm.tolist(),
                                                      reducer.tolist(), ew.tolist()):
@@ -650,7 +652,8 @@ class _RankBuilder:
             if has and st not in first_of_step:
                 first_of_step[st] = n
             if k != 1:
-                ends.append((e0, n, stream))
+                ends_at.append(e0)
+                ends_of.append(n)
         if stream == "host":
             self.m.steps[self.rank] = sorted(first_of_step.items())
             self.m.window_end[self.rank] = self.m.streams[(self.rank, "host")][-1]
@@ -699,12 +702,9 @@ class _RankBuilder:
         nodes = self.m.nodes
         coll_ids = [n for n, _ in self.coll_nodes]
         colls = sorted((nodes[n].measured_end, n) for n in coll_ids)
-        kern = sorted((nodes[k].measured_end, k) for k in self.kernel_nodes.values())
-        by_stream: dict[str, list[tuple[float, int]]] = defaultdict(list)
-        for e, n, st in self.host_ends:
-            by_stream[st].append((e - self.off, n))
-        for v in by_stream.values():
-            v.sort()
+        kern = sorted((nodes[k].measured_end, k) for k in self.kernel_nodes)
+        off = self.off
+        by_stream = {st: sorted(zip([e - off for e in at], of)) for st, (at, of) in self.host_ends.items() if at}
         for stream_key, ids in self.m.streams.items():
             if stream_key[0] != self.rank or not stream_key[1].startswith("host"):
                 continue
