@@ -91,7 +91,7 @@ class Node:
     dur: float
     measured_start: float
     measured_end: float
-    deps: list[int] = field(default_factory=list)
+    deps: tuple[int, ...] = ()  # (a tuple: most nodes have none, and an empty tuple is shared)
     delay: float = 0.0
     key: Key | None = None  # collectives: the match key
     group_size: int | None = None  # collectives: the process group's size, when the trace says
@@ -466,7 +466,7 @@ class _RankBuilder:
                  gemm: float, reducer: float, ew: float = 0.0) -> int:
         """``add`` for a host segment, its arguments in Node's order (millions of calls)."""
         return self._append(stream, Node(self.rank, stream, kind, phase, max(e - s, 0.0), s - self.off,
-                                         e - self.off, [], 0.0, None, None, None, None, "", step, gemm, reducer,
+                                         e - self.off, (), 0.0, None, None, None, None, "", step, gemm, reducer,
                                          None, ew))
 
     def _append(self, stream: str, node: Node) -> int:
@@ -558,7 +558,7 @@ class _RankBuilder:
             else:  # (``add``'s node, its arguments in Node's order: a kernel per call)
                 phase = "comm" if kind == comm_kind else ("compute" if kind == compute_kind else "memory")
                 e = s + dur
-                nid = append(stream, Node(rank, stream, KERNEL, phase, max(e - s, 0.0), s - off, e - off, [], 0.0,
+                nid = append(stream, Node(rank, stream, KERNEL, phase, max(e - s, 0.0), s - off, e - off, (), 0.0,
                                           None, None, None, None, names[nid_name], None,
                                           dur if phase == "compute" and nid_name in is_gemm else 0.0))
             if corr >= 0:
@@ -690,7 +690,7 @@ class _RankBuilder:
         hosts = self._host_nodes_ending_at(np.array([t for _, t in issued], dtype=np.float64)).tolist()
         for (node, _), h in zip(issued, hosts):
             if h >= 0:
-                nodes[node].deps.append(h)
+                nodes[node].deps += (h,)
 
     def waits(self, last_arrival: Mapping[int, float], post: Mapping[int, float]) -> None:
         """Gaps and sync calls that end just after a collective, a kernel or another
@@ -744,7 +744,7 @@ class _RankBuilder:
                 e, m = best
                 node.kind = WAIT
                 node.phase = "wait" if node.phase == "host" else node.phase
-                node.deps.append(m)
+                node.deps += (m,)
                 node.dur = node.measured_end - e  # collectives: set again from their completion
 
 
@@ -878,7 +878,7 @@ def build_model(traces: Mapping[int, Trace] | Iterable[tuple[int, Trace]], incom
                     c = nodes[pool[j][1]]
                     # issued before the wait began (a collective issued later cannot be what it waited for)
                     if all(nodes[d].measured_end <= n.measured_start + 1e-6 for d in c.deps):
-                        n.deps[0] = pool[j][1]
+                        n.deps = (pool[j][1], *n.deps[1:])
                         break
                     j -= 1
             # (a collective done before the wait began: the wait is its whole length)

@@ -148,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     n, red, central = big[0], big[1], big[2]
     per_node = red[0] / max(1, n / RANKS_PER_NODE)
     verdict = per_node + central[0]
-    print(f"target at {n} ranks: central analysis under 60 s and 2 GB -> {central[0]:.1f} s, {central[1]:.0f} MB")
+    ok = central[0] < 60 and central[1] < 2048
+    print(f"target at {n} ranks: central analysis under 60 s and 2 GB -> {central[0]:.1f} s, {central[1]:.0f} MB: "
+          f"{'met' if ok else 'NOT met'}")
     print(f"time to the verdict at {n} ranks ({max(1, n // RANKS_PER_NODE)} nodes of {RANKS_PER_NODE} ranks reducing at "
           f"once, each as fast as this machine): one node's reduction {per_node:.1f} s + central analysis "
           f"{central[0]:.1f} s = {verdict:.1f} s; target under 60 s {'met' if verdict < 60 else 'NOT met'}")
