@@ -332,7 +332,10 @@ def _estimates(a: Analysis, inputs: Sequence[RankInput], step_records: Mapping[i
         why = f"{size / 2**30:.1f} GiB of traces, more than the {REPLAY_MAX_BYTES / 2**30:.0f} GiB replayed"
     else:
         try:
-            model = replay.model_of(found)
+            model = replay.model_of(found, max_nodes=replay.MAX_NODES)
+        except replay.TooLarge as e:  # a budget of memory: share-based estimates, and why
+            why = str(e)
+            notices.append(Notice("info", f"{why}: estimates are share-based"))
         except Exception as e:  # the replay's failure must not take the analysis down
             why = f"the replay model failed: {type(e).__name__}: {e}"
             notices.append(Notice("warning", f"{why}; estimates are share-based"))

@@ -763,8 +763,18 @@ def clock_alignment(calls: Mapping[int, Sequence[CollectiveCall]],
     return offsets
 
 
+MAX_NODES = 4_000_000
+"""The most operations a replay model may hold: the 1,024-rank benchmark's 3.2 million
+peaked at 1.8 GB in the central analysis (about 550 bytes each, with the replays)."""
+
+
+class TooLarge(Exception):
+    """The model would hold more than its budget of operations; the message says so."""
+
+
 def build_model(traces: Mapping[int, Trace] | Iterable[tuple[int, Trace]], incomplete: Iterable[int] = (),
-                hosts: Mapping[int, str | None] | None = None) -> Model:
+                hosts: Mapping[int, str | None] | None = None, ranks: int | None = None,
+                max_nodes: int | None = None) -> Model:
     """The dependency model of the ranks' profiled windows. ``traces``: by rank, or
     (rank, trace) pairs in rank order, each let go once its rank is built (a job of
     1,024 ranks need not hold every trace at once). ``incomplete``: ranks whose window
@@ -772,7 +782,10 @@ def build_model(traces: Mapping[int, Trace] | Iterable[tuple[int, Trace]], incom
     rank's host; ranks on the host of the lowest rank share its clock, the others (and all
     of them when hosts are not known) are aligned on the ends of their matched
     collectives (``collectives.clock_offsets``): each rank is built on its own clock and
-    its nodes moved by its offset once every rank's collectives are known."""
+    its nodes moved by its offset once every rank's collectives are known. Raises
+    `TooLarge` as soon as the ranks built so far project more than ``max_nodes``
+    operations over ``ranks`` ranks (a budget for memory, checked before the rest is
+    read)."""
     model = Model([], {}, {}, {}, {}, {}, {})
     cut = set(incomplete)
     builders: dict[int, _RankBuilder] = {}
@@ -792,6 +805,11 @@ def build_model(traces: Mapping[int, Trace] | Iterable[tuple[int, Trace]], incom
         b.build()
         del b.t  # what the model needs of the trace is in its nodes now
         builders[r] = b
+        if max_nodes is not None and (projected := len(model.nodes) * max(ranks or 0, len(builders))
+                                      / len(builders)) > max_nodes:
+            raise TooLarge(f"the replay would hold about {projected:,.0f} operations "
+                           f"({len(model.nodes) / len(builders):,.0f} per rank), more than its budget of "
+                           f"{max_nodes:,} (memory)")
         model.measured_steps[r] = {sp.step: (steps[i + 1].start_us if i + 1 < len(steps) else sp.end_us)
                                    - sp.start_us for i, sp in enumerate(steps)}
     t = None  # (the last trace, too)
@@ -1536,9 +1554,9 @@ def load_run(path: str) -> Model:
     return model
 
 
-def model_of(found: Sequence[tuple[int, object, bool]]) -> Model:
+def model_of(found: Sequence[tuple[int, object, bool]], max_nodes: int | None = MAX_NODES) -> Model:
     """The model of the given (rank, trace path, complete) traces. Raises ``UserError``
-    for an unreadable trace."""
+    for an unreadable trace, `TooLarge` past ``max_nodes`` operations."""
     from pardiag.analyzers.trace import TraceError, gc_paused, trace_head
     from pardiag.errors import UserError
 
@@ -1548,7 +1566,7 @@ def model_of(found: Sequence[tuple[int, object, bool]]) -> Model:
         try:
             return build_model(_load_all([(r, p) for r, p, _ in found]),
                                incomplete=[r for r, _, complete in found if not complete],
-                               hosts=hosts if all(hosts.values()) else None)
+                               hosts=hosts if all(hosts.values()) else None, ranks=len(found), max_nodes=max_nodes)
         except TraceError as exc:
             raise UserError(str(exc)) from None
 

@@ -317,3 +317,42 @@ def test_nccl_kernels_are_one_sync_point_across_ranks(tmp_path: Path) -> None:
     # rank 1 on time: both all-reduces from 130 to 330, released at 340, step 440 on both
     fixed = replay(m, [RemoveHostGaps(ranks=(1,))])
     assert fixed.replayed_steps == {0: {1: pytest.approx(440.0)}, 1: {1: pytest.approx(440.0)}}
+
+
+def test_a_model_past_its_budget_of_operations_is_refused_early(tmp_path: Path) -> None:
+    from pardiag.analyzers.replay import MAX_NODES, TooLarge, model_of
+
+    paths = {r: write_trace(tmp_path / f"rank{r}.json", ev, rank=r) for r, ev in
+             ((0, gloo_replay_rank(0, 2210, 2710)), (1, gloo_replay_rank(300, 2510, 2710)))}
+    per_rank = len(build_model({0: load_trace(paths[0])}).nodes)
+    assert per_rank > 2
+    # rank 0 alone, of 1,000 ranks: per_rank * 1000 operations projected, over a budget of 1,000
+    got: list[int] = []
+
+    def stream():  # type: ignore[no-untyped-def]
+        for r in range(1000):
+            got.append(r)
+            yield r, load_trace(paths[r % 2])
+
+    with pytest.raises(TooLarge, match=f"about {per_rank * 1000:,} operations .{per_rank} per rank., more than its "
+                                       "budget of 1,000"):
+        build_model(stream(), ranks=1000, max_nodes=1000)
+    assert got == [0]  # refused after the first rank: the rest was never read
+    # within the budget, the same model as without one
+    found = [(r, p, True) for r, p in paths.items()]
+    whole = build_model({r: load_trace(p) for r, p in paths.items()}, hosts={0: "node", 1: "node"})
+    assert len(model_of(found).nodes) == len(model_of(found, max_nodes=None).nodes) == len(whole.nodes) > per_rank
+    assert MAX_NODES >= 3_200_000  # the 1,024-rank benchmark's model (benchmarks/scale.py) fits
+
+
+def test_an_analysis_past_the_replays_budget_says_so_and_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pardiag.analyzers import replay as rp
+    from pardiag.analyzers.pipeline import analyze_path
+
+    run = Path(__file__).parent.parent / "data" / "cpu-2rank"
+    assert not [n for n in analyze_path(run, jobs=1).notices if "operations" in n.message]
+    monkeypatch.setattr(rp, "MAX_NODES", 10)
+    a = analyze_path(run, jobs=1)
+    (note,) = [n for n in a.notices if "operations" in n.message]
+    assert note.level == "info" and "more than its budget of 10 " in note.message and "share-based" in note.message
+    assert len(a.ranks) == 2 and a.job_summary.step_p50_us
