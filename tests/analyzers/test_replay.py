@@ -356,3 +356,20 @@ def test_an_analysis_past_the_replays_budget_says_so_and_goes_on(monkeypatch: py
     (note,) = [n for n in a.notices if "operations" in n.message]
     assert note.level == "info" and "more than its budget of 10 " in note.message and "share-based" in note.message
     assert len(a.ranks) == 2 and a.job_summary.step_p50_us
+
+
+def test_many_ranks_read_by_worker_processes_give_the_model_read_in_order(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from pardiag.analyzers import trace_parallel
+    from pardiag.analyzers.replay import model_of
+
+    # 6 ranks (3 pairs of the late-rank traces): more than 2 per core, so forked workers
+    # read them, a few ahead, and the model is built as each arrives, in rank order
+    found = [(r, write_trace(tmp_path / f"rank{r}.json", gloo_replay_rank(300 * (r % 2), 2210 + 300 * (r % 2), 2710),
+                             rank=r), True) for r in range(6)]
+    monkeypatch.setattr(trace_parallel, "cores", lambda: 2)
+    forked = model_of(found)
+    monkeypatch.setattr(trace_parallel, "can_fork", lambda: False)
+    serial = model_of(found)
+    assert forked.nodes == serial.nodes and forked.streams == serial.streams and forked.origin == serial.origin
+    assert sorted({n.rank for n in forked.nodes}) == list(range(6))
