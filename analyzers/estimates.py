@@ -485,8 +485,8 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
             fac.append(Factor("the peers' CPU time per step, the job's against the window's", inflation[0], "x",
                               inflation[1], True))
         if held is not None:
-            fac.append(Factor("the others' wait for the straggler per step over the job", round(held[0] / 1e3, 2),
-                              "ms", held[1], True))
+            fac.append(Factor("the others' wait per step over the job (averaged in)", held[0] / 1e3, "ms", held[1],
+                              True))
         est = {"method": "replay", "saving_pct": pct, "share_saving_pct": f.est_saving_pct,
                "replay_error_pct": err, "refused": None,
                "edits": list(p.words) + ([
