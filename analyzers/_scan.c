@@ -43,6 +43,16 @@ static int buf_reserve(Buf *b, Py_ssize_t more) {
 }
 
 static inline void put_i64(Buf *b, int64_t v) { memcpy(b->data + b->len, &v, 8); b->len += 8; }
+
+/* ``id`` appended to ``order`` the first time this scan (``epoch``) meets it (``*seen``:
+ * the last scan that did); -1 when out of memory */
+static int note_first(uint32_t *seen, uint32_t epoch, Buf *order, int64_t id) {
+    if (*seen == epoch) return 0;
+    *seen = epoch;
+    if (buf_reserve(order, 8) < 0) return -1;
+    put_i64(order, id);
+    return 0;
+}
 static inline void put_f64(Buf *b, double v) { memcpy(b->data + b->len, &v, 8); b->len += 8; }
 
 /* ---------------------------------------------------------------- string table */
@@ -613,11 +623,7 @@ static PyObject *scanner_scan(Scanner *self, PyObject *arg) {
         if (!c) WITH_GIL(c = intern(&self->cats, self->intern_cat, ev.cat, ev.cat_n, &bad));
         if (!c) { if (bad) give_up = 1; goto done; }
         if (c->id < 0) goto next; /* the Trace span */
-        if (c->epoch != epoch) {
-            c->epoch = epoch;
-            if (buf_reserve(&cat_order, 8) < 0) { nomem = 1; goto done; }
-            put_i64(&cat_order, c->id);
-        }
+        if (note_first(&c->epoch, epoch, &cat_order, c->id) < 0) { nomem = 1; goto done; }
         if (!(ev.has & HAS_TS)) goto next;
         if (!have_min || ev.ts < min_ts) { min_ts = ev.ts; have_min = 1; }
         int64_t nid, flags;
@@ -626,11 +632,7 @@ static PyObject *scanner_scan(Scanner *self, PyObject *arg) {
             if (!e) WITH_GIL(e = intern(&self->names, self->intern_name, ev.name, ev.name_n, &bad));
             if (!e) { if (bad) give_up = 1; goto done; }
             nid = e->id; flags = e->extra;
-            if (e->epoch != epoch) {
-                e->epoch = epoch;
-                if (buf_reserve(&name_order, 8) < 0) { nomem = 1; goto done; }
-                put_i64(&name_order, nid);
-            }
+            if (note_first(&e->epoch, epoch, &name_order, nid) < 0) { nomem = 1; goto done; }
         } else {
             if (self->none_id < 0) {
                 int r;
@@ -638,11 +640,7 @@ static PyObject *scanner_scan(Scanner *self, PyObject *arg) {
                 if (r < 0) goto done;
             }
             nid = self->none_id; flags = self->none_flags;
-            if (self->none_epoch != epoch) {
-                self->none_epoch = epoch;
-                if (buf_reserve(&name_order, 8) < 0) { nomem = 1; goto done; }
-                put_i64(&name_order, nid);
-            }
+            if (note_first(&self->none_epoch, epoch, &name_order, nid) < 0) { nomem = 1; goto done; }
         }
         if ((ev.has & HAS_STREAM) && ev.stream != -1) { /* a GPU event */
             for (int i = 0; i < GPU_COLS; i++) if (buf_reserve(&gpu[i], 8) < 0) { nomem = 1; goto done; }
