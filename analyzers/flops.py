@@ -45,7 +45,7 @@ import numpy as np
 
 from pardiag.analyzers.flop_rules import Call, OpFlops, call_of, op_flops
 from pardiag.analyzers.kernels import KernelKind, event_kinds
-from pardiag.analyzers.trace import FlopOp, FlopOps, Trace
+from pardiag.analyzers.trace import FlopOp, Trace
 
 BACKWARD_PREFIX = "autograd::engine::evaluate_function"
 REENTRANT = "CheckpointFunctionBackward"  # reentrant checkpointing recomputes its whole function, never stops early
@@ -255,8 +255,7 @@ def count_flops(trace: Trace, window: tuple[float, float], steps: int) -> FlopCo
     """The rank's FLOPs in [window) over `steps` profiled steps; None when the trace has no
     operator with a FLOP rule in the window."""
     lo, hi = window
-    ops = trace.flop_ops
-    inside = ops.within(lo, hi) if isinstance(ops, FlopOps) else [o for o in ops if lo <= o.ts_us < hi and o.dur_us >= 0]
+    inside = trace.flop_ops.within(lo, hi)
     if not inside:
         return None
     spans = _spans(trace, BACKWARD_PREFIX)

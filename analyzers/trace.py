@@ -89,12 +89,12 @@ _STEP, _SYNC, _COMM, _FLOP = 1, 2, 4, 8  # name flags
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 IDS = npt.NDArray[np.signedinteger[Any]]
-NAME_IDS = npt.NDArray[np.signedinteger[Any]]
-"""An index into ``Trace.names`` or ``Trace.cats``: int8, int16 or int32, the narrowest
-that holds the trace's ids."""
 """An id column (stream, device, thread, correlation, ...): int32 where every value of
 a block fits, int64 otherwise (a column joined from both is int64). Ids are compared,
 never summed, so the narrower type only halves their memory (a quarter of the columns')."""
+NAME_IDS = npt.NDArray[np.signedinteger[Any]]
+"""An index into ``Trace.names`` or ``Trace.cats``: int8, int16 or int32, the narrowest
+that holds the trace's ids."""
 
 
 class TraceError(Exception):
@@ -391,12 +391,7 @@ class FlopOps(SequenceABC[FlopOp]):
     __slots__ = ("_names", "_name", "_pid", "_tid", "_ts", "_dur", "_values", "_dims", "_types", "_concrete",
                  "_grad")
 
-    def __init__(self, ops: FlopColumns | Sequence[FlopOp]) -> None:
-        if not isinstance(ops, FlopColumns):
-            cols = FlopColumns()
-            for o in ops:
-                cols.add(o.name, o.pid, o.tid, o.ts_us, o.dur_us, o.input_dims, o.input_type, o.concrete, o.grad_mode)
-            ops = cols
+    def __init__(self, ops: FlopColumns) -> None:
         self._names, self._values = ops.names, ops.values
         self._name = np.frombuffer(ops.name, dtype=np.intc)
         self._pid = np.frombuffer(ops.pid, dtype=np.int64)
@@ -433,7 +428,7 @@ class FlopOps(SequenceABC[FlopOp]):
         return (self._op(i) for i in range(len(self)))
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, (FlopOps, tuple, list)):
+        if not isinstance(other, FlopOps):
             return NotImplemented
         return len(self) == len(other) and all(a == b for a, b in zip(self, other))
 
@@ -466,7 +461,7 @@ class Trace:
     inward to whole microseconds (start up, end down)."""
     min_ts_us: float
     """Earliest start among events with a category and a duration (HTA's origin)."""
-    flop_ops: FlopOps | tuple[FlopOp, ...] = ()
+    flop_ops: FlopOps
     """Host operators with a FLOP rule (``cpu_op``), in file order."""
     memory: MemoryEvents = field(default_factory=_no_memory_events)
     """``[memory]`` events; empty unless the profiler recorded allocations."""

@@ -363,8 +363,15 @@ def test_flop_ops_as_columns_read_back_as_they_were_found() -> None:
     ops = [FlopOp("aten::mm", 7, 11, 10.5, 2.25, dims, types, None, True),
            FlopOp("aten::addmm", 7, 12, 20.0, -1.0, [[4]], ["float"], [""], False),
            FlopOp("aten::mm", -1, 11, 30.0, 3.0, dims, types, None, False)]
-    cols = FlopOps(ops)
-    assert len(cols) == 3 and list(cols) == ops and cols == tuple(ops) and cols[-1] == ops[2] and cols[1:] == ops[1:]
+    def columns(part: list[FlopOp]) -> FlopColumns:
+        out = FlopColumns()
+        for o in part:
+            out.add(o.name, o.pid, o.tid, o.ts_us, o.dur_us, o.input_dims, o.input_type, o.concrete, o.grad_mode)
+        return out
+
+    cols = FlopOps(columns(ops))
+    assert len(cols) == 3 and list(cols) == ops and cols[-1] == ops[2] and cols[1:] == ops[1:]
+    assert cols == FlopOps(columns(ops)) and cols != FlopOps(columns(ops[:2]))
     # one copy of each recorded input that the decoder shared
     assert cols[0].input_dims is cols[2].input_dims
     # starting in [10, 30), duration not negative: the first only
@@ -372,10 +379,7 @@ def test_flop_ops_as_columns_read_back_as_they_were_found() -> None:
     with pytest.raises(IndexError):
         cols[3]
     # a worker process's part, pickled, then joined after another's: names and inputs renumbered
-    a, b = FlopColumns(), FlopColumns()
-    for col, part in ((a, ops[2:]), (b, ops[:2])):
-        for o in part:
-            col.add(o.name, o.pid, o.tid, o.ts_us, o.dur_us, o.input_dims, o.input_type, o.concrete, o.grad_mode)
+    a, b = columns(ops[2:]), columns(ops[:2])
     a.extend(pickle.loads(pickle.dumps(b)))
     assert list(FlopOps(a)) == ops[2:] + ops[:2] and a.names == ["aten::mm", "aten::addmm"]
     # a pid beyond int64 is not a pid: -1, as a pid that is not a number
