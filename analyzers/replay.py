@@ -818,16 +818,13 @@ def build_model(traces: Mapping[int, Trace] | Iterable[tuple[int, Trace]], incom
     for r, b in builders.items():
         off = b.off = offsets.get(r, 0.0)
         model.origin[r] = b.steps[0].start_us - off
-        if off:
-            for (rank, _), ids in model.streams.items():
-                if rank == r:
-                    for i in ids:
-                        n = nodes[i]
-                        n.measured_start -= off
-                        n.measured_end -= off
+        for ids in b._stream_ids.values() if off else ():  # (its rank's streams)
+            for i in ids:
+                n = nodes[i]
+                n.measured_start -= off
+                n.measured_end -= off
     world = max(worlds + [len(builders)])
     # collectives: matched when every rank analysed has the key with one op and one size
-    nodes = model.nodes
     colls = [i for i, n in enumerate(nodes) if n.kind == COLL]  # (a few of millions of nodes)
     members: dict[Key, list[int]] = defaultdict(list)
     for i in colls:
