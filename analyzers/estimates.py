@@ -64,7 +64,7 @@ from pardiag.analysis_blocks import WhatIf, WhatIfRow
 from pardiag.analyzers import factors
 from pardiag.analyzers import replay as rp
 from pardiag.analyzers.levers import (
-    CPU_BF16_SPEEDUP, GRADIENT_ACCUMULATION_STEPS, PRECISION_SPEEDUP, SAVING_LOW, rank_key)
+    CPU_BF16_SPEEDUP, GRADIENT_ACCUMULATION_STEPS, PRECISION_SPEEDUP, SAVING_LOW, rank_key, straggler_saving_us)
 from pardiag.analyzers.steps import job_step_times_us
 from pardiag.step_records import StepRecord, counted, signal
 
@@ -219,7 +219,7 @@ def peer_inflation(a: Analysis, records: Mapping[int, Sequence[StepRecord]],
 def job_held(a: Analysis, ranks: Sequence[int], step_us: float) -> tuple[float, str] | None:
     """The time the fix of a straggler removes from the job's step measured over the
     job's own counted steps (steps.jsonl): how much longer the others wait for it per
-    step, bounded by its extra work and the step (``levers._straggler``'s figure); with
+    step, bounded by its extra work and the step (`levers.straggler_saving_us`); with
     where from. The window's replay rests on a few profiled steps, whose work varies. On
     the 2-rank job whose rank 1 sleeps 40 ms per step (tests/scripts/sleepy_ddp.py), in 8
     pairs of recordings with and without the sleep (9.1-10.7 ms steps without), the
@@ -232,10 +232,10 @@ def job_held(a: Analysis, ranks: Sequence[int], step_us: float) -> tuple[float, 
     if len(found) != 1 or step_us <= 0 or found[0].held_from != "steps.jsonl":
         return None
     s = found[0]
-    held = s.held_us_per_step if s.held_us_per_step is not None else s.excess_us_per_step
-    removed = min(held, s.excess_us_per_step, step_us)
+    removed = straggler_saving_us(s, step_us)
     if removed <= 0:
         return None
+    held = s.held_us_per_step if s.held_us_per_step is not None else s.excess_us_per_step
     return removed, (f"steps.jsonl: the others wait {held / 1e3:.1f} ms per step more than rank {s.rank}, "
                      f"whose extra work is {s.excess_us_per_step / 1e3:.1f} ms")
 

@@ -62,7 +62,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
-from pardiag.analysis import Finding, Lever, Severity
+from pardiag.analysis import Finding, Lever, Severity, Straggler
 from pardiag.analysis_blocks import WhatIf, WhatIfRow
 from pardiag.run_info import FrameworkInfo
 from pardiag.analyzers import host_causes
@@ -437,18 +437,22 @@ def input_imbalance(ctx: RuleContext) -> list[Finding]:
     return _straggler(ctx, "input_imbalance")
 
 
+def straggler_saving_us(s: Straggler, step_us: float) -> float:
+    """What fixing the straggler takes off a step of ``step_us``: the others stop waiting
+    for it, so the step shrinks by their extra wait, but never by more than the
+    straggler's extra work (the time the fix removes) nor by more than the step itself."""
+    held = s.held_us_per_step if s.held_us_per_step is not None else s.excess_us_per_step
+    return min(held, s.excess_us_per_step, step_us)
+
+
 def _straggler(ctx: RuleContext, lever: Lever) -> list[Finding]:
     if not ctx.analysis.stragglers or ctx.step_us <= 0:
         return []
     s = max(ctx.analysis.stragglers, key=lambda s: s.excess_us_per_step)
     if HOST_LEVERS.get(host_causes.cause_kind(s.cause) or "", "straggler") != lever:
         return []
-    # fixed, the others stop waiting for it: the step shrinks by their extra wait, but
-    # never by more than the straggler's extra work (the time the fix removes) nor by
-    # more than the step itself
     held = s.held_us_per_step if s.held_us_per_step is not None else s.excess_us_per_step
-    saving = min(held, s.excess_us_per_step, ctx.step_us)
-    share = saving / ctx.step_us
+    share = straggler_saving_us(s, ctx.step_us) / ctx.step_us
     what = {
         "dataloader": "rank {r} waits longer for its input: check that each rank's shard of the data costs the same "
         "(sample sizes, augmentation), give it more DataLoader workers, or check its disk/network.",
