@@ -367,9 +367,16 @@ def test_many_ranks_read_by_worker_processes_give_the_model_read_in_order(tmp_pa
     # read them, a few ahead, and the model is built as each arrives, in rank order
     found = [(r, write_trace(tmp_path / f"rank{r}.json", gloo_replay_rank(300 * (r % 2), 2210 + 300 * (r % 2), 2710),
                              rank=r), True) for r in range(6)]
+    from pardiag.analyzers import trace as trace_module
+
+    read_here: list[object] = []  # traces this process read itself (a forked worker's reads stay there)
+    real = trace_module.load_trace
+    monkeypatch.setattr(trace_module, "load_trace", lambda p, **kw: (read_here.append(p), real(p, **kw))[1])
     monkeypatch.setattr(trace_parallel, "cores", lambda: 2)
     forked = model_of(found)
+    assert read_here == []
     monkeypatch.setattr(trace_parallel, "can_fork", lambda: False)
     serial = model_of(found)
+    assert len(read_here) == 6
     assert forked.nodes == serial.nodes and forked.streams == serial.streams and forked.origin == serial.origin
     assert sorted({n.rank for n in forked.nodes}) == list(range(6))
