@@ -216,6 +216,13 @@ def peer_inflation(a: Analysis, records: Mapping[int, Sequence[StepRecord]],
     return ratio, f"steps.jsonl cpu_us of the straggler's peers per step: {shown}"
 
 
+PEERS_WORK = ("straggler", "input_imbalance")
+"""Straggler levers whose fix leaves the job's step to the peers' work as it is: the
+straggler's extra work is its own operators (a slow rank, larger batches), which the
+edit sets to its peers'. (A contended rank's collectives and a collector's pauses are
+re-timed otherwise.)"""
+
+
 def job_held(a: Analysis, ranks: Sequence[int], step_us: float) -> tuple[float, str] | None:
     """The time the fix of a straggler removes from the job's step measured over the
     job's own counted steps (steps.jsonl): how much longer the others wait for it per
@@ -461,7 +468,7 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
         floors.clear()
         scaled = cause_scale(inputs.step_records, p.cause, p.ranks) if p.cause and own_step else None
         scale = scaled[0] if scaled else 1.0
-        inflation = peer_inflation(a, inputs.step_records, f.ranks) if f.lever == "straggler" and own_step else None
+        inflation = peer_inflation(a, inputs.step_records, f.ranks) if f.lever in PEERS_WORK and own_step else None
         try:
             s, e, in_window = saving(p.edits, scale, deflate=inflation[0] if inflation else None)
         except ValueError as exc:  # this finding's edits cannot be replayed: it alone stays share-based

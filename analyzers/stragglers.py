@@ -37,7 +37,10 @@ rank's extra gaps, the cause says where in the step they lie ("host work outside
 operators: at the step's start, before forward").
 
 Figures: `held_us_per_step` is the median excess, `excess_us_per_step` the extra work
-its phases show; both are bounded by the step.
+its phases show; both are bounded by the step. On CPUs, from steps.jsonl, the training
+threads' time on a CPU (or waiting for one) also times both (`_cpu_excess`): backward's
+time hides the straggler's own extra backward work, the CPU time does not, and the
+larger measure is taken.
 """
 
 from __future__ import annotations
@@ -185,6 +188,7 @@ class _Series:
     source: str
     waits: dict[int, dict[int, float]]  # step -> rank -> us
     lengths: list[float]
+    off_cpu: bool = False  # waits are the training threads' time off a CPU (`_cpu_series`)
 
 
 def _all_series(evidence: Mapping[int, RankEvidence]) -> list[_Series]:
@@ -192,8 +196,42 @@ def _all_series(evidence: Mapping[int, RankEvidence]) -> list[_Series]:
     has at least MIN_STEPS counted steps in common (the backward signal holds the wait,
     so a rank slow in backward itself does not show there), then the profiled window's
     steps (ProfilerStep spans, waits measured inside collectives; a plain trace folder
-    has only these)."""
-    return [x for x in (_jsonl_series(evidence), _window_series(evidence)) if x is not None]
+    has only these). On CPUs, between the two, steps.jsonl's training-thread time off a
+    CPU (`_cpu_series`: what backward's time hides)."""
+    return [x for x in (_jsonl_series(evidence), _cpu_series(evidence), _window_series(evidence)) if x is not None]
+
+
+def _cpu_busy(evidence: Mapping[int, RankEvidence]) -> dict[int, dict[int, tuple[float, float]]] | None:
+    """On CPUs, per rank and counted step: (the step's duration, its training thread's
+    time on a CPU or waiting for one: steps.jsonl ``cpu_us`` + ``runq_us``), on the steps
+    every rank has; None off CPUs (a GPU rank's host thread spins or sleeps on its
+    device as it likes) or under MIN_STEPS such steps."""
+    if any(ev.device_type != "cpu" for ev in evidence.values()):
+        return None
+    busy: dict[int, dict[int, tuple[float, float]]] = {}
+    for r, ev in evidence.items():
+        busy[r] = {rec.step: (rec.dur_us, v + (rec.get("run_queue") or 0.0)) for rec in ev.step_records
+                   if counted(rec) and rec.dur_us is not None and (v := rec.get("cpu")) is not None}
+    steps = set.intersection(*(set(d) for d in busy.values())) if busy else set()
+    if len(steps) < MIN_STEPS:
+        return None
+    return {r: {k: d[k] for k in sorted(steps)} for r, d in busy.items()}
+
+
+def _cpu_series(evidence: Mapping[int, RankEvidence]) -> _Series | None:
+    """On CPUs, each rank's time per counted step off its CPU (the step less its
+    training thread's time on a CPU or waiting for one): a rank that computes longer
+    (bigger batches, more work) is off it least while the others wait. Backward's time
+    holds the wait but also the straggler's own extra backward work, which can hide the
+    difference under the noise floor: in one recording of the long-inputs scenario
+    (rank 1 with twice the tokens) backward's time put the others' wait at about 4 ms of
+    a 37.5 ms step, while they were off their CPU 14.0 ms per step longer than rank 1."""
+    busy = _cpu_busy(evidence)
+    if busy is None:
+        return None
+    steps = list(next(iter(busy.values())))
+    waits = {k: {r: d[k][0] - d[k][1] for r, d in busy.items()} for k in steps}
+    return _Series("steps.jsonl", waits, [_median([d[k][0] for d in busy.values()]) for k in steps], off_cpu=True)
 
 
 def _jsonl_series(evidence: Mapping[int, RankEvidence]) -> _Series | None:
@@ -294,11 +332,24 @@ def _judge(series: _Series, evidence: Mapping[int, RankEvidence]) -> list[Stragg
     if consistency is not None and consistency < MIN_CONSISTENCY:
         return []
     window = series.source == "profiled window"
+    window_tables = window  # the phase tables quoted: the window's, or steps.jsonl's medians
     tables = _tables(evidence, window)
     cause, deltas = _cause(candidate, tables)
+    if series.off_cpu and cause == "unknown" and all(ev.steps_in_window > 0 for ev in evidence.values()):
+        # steps.jsonl's phases hold the others' wait in backward as long as the straggler's
+        # extra backward work: the window's phases (backward less its wait) can tell them apart
+        w_cause, w_deltas = _cause(candidate, _tables(evidence, True))
+        if w_cause != "unknown":
+            window_tables, tables, cause, deltas = True, _tables(evidence, True), w_cause, w_deltas
     if cause in (CAUSE_NAMES["host"], CAUSE_NAMES["untimed"]) and (where := _host_where(candidate, evidence, deltas)):
         cause = f"{CAUSE_NAMES['host']}: {where}"
     extra_work = min(sum(d for d in deltas.values() if d > 0), step_us)
+    cpu = None if window else _cpu_excess(candidate, evidence)
+    if series.off_cpu and (cpu is None or cpu[1] < CPU_AGREES * held):
+        return []  # the others are off their CPU longer, but not for work this rank does on its own
+    if cpu is not None:
+        # its phases' work, or all it computes; the window's phases time a few steps: they name the cause only
+        extra_work = max(0.0 if window_tables else extra_work, min(max(cpu[1], 0.0), step_us))
     if extra_work < max(MIN_US, MIN_SHARE * step_us):
         # the others wait, but this rank's own phases do not show the work that would
         # make them: no rank to name (the evidence would contradict the tables), unless
@@ -309,26 +360,69 @@ def _judge(series: _Series, evidence: Mapping[int, RankEvidence]) -> list[Stragg
         if host < max(MIN_US, MIN_SHARE * step_us):
             return []
         extra_work, cause = min(host, step_us), "unknown"
+    signal_held = held
+    if cpu is not None and not series.off_cpu and min(cpu[0], cpu[1]) > held:
+        # backward's wall time holds the wait, and also the straggler's own extra
+        # backward work: on CPUs its training thread's time shows all of it
+        held = min(cpu[0], cpu[1], step_us)
     n = len(excess)
     evidence_lines = [
         f"the other ranks wait {held / 1000:.1f} ms per step more than rank {candidate} "
         f"({held / step_us:.0%} of the {step_us / 1000:.1f} ms median step; both from "
-        f"{'the profiled window' if series.source == 'profiled window' else 'steps.jsonl'})",
-        f"per step over {n} step{'s' if n != 1 else ''}: {'95% interval' if n >= MIN_STEPS else 'range'} "
+        f"{'the profiled window' if series.source == 'profiled window' else 'steps.jsonl'}"
+        f"{OFF_CPU_WORDS if series.off_cpu else CPU_WORDS if held > signal_held else ''})",
+        f"per step over {n} step{'s' if n != 1 else ''}"
+        + (f", from backward's time alone ({signal_held / 1000:.1f} ms median)" if held > signal_held else "")
+        + f": {'95% interval' if n >= MIN_STEPS else 'range'} "
         f"{lo / 1000:.1f} to {hi / 1000:.1f} ms, above the noise floor of {floor / 1000:.1f} ms",
     ]
     if consistency is not None:
         evidence_lines.append(f"rank {candidate} waits least in {consistency:.0%} of all steps")
-    table = "profiled window, per step" if window else "medians over all steps, steps.jsonl"
+    if cpu is not None and (held > signal_held or series.off_cpu):
+        evidence_lines.append(
+            f"rank {candidate}'s training thread is on a CPU (or waiting for one) {cpu[1] / 1000:.1f} ms per step "
+            f"longer than the others', and they are off it {cpu[0] / 1000:.1f} ms longer than rank {candidate} "
+            f"(median over {cpu[2]} steps, steps.jsonl cpu_us and runq_us): backward's time holds its wait and, "
+            "on this rank, extra work of its own")
+    table = "profiled window, per step" if window_tables else "medians over all steps, steps.jsonl"
     others_of = {k: _median([t[k] for r, t in tables.items() if r != candidate and k in t]) for k in deltas}
     for phase, d in sorted(deltas.items(), key=lambda kv: -kv[1])[:3]:
         if d > 0:
-            name = "backward less its wait in collectives" if window and phase == "backward" else \
+            name = "backward less its wait in collectives" if window_tables and phase == "backward" else \
                 CAUSE_NAMES.get(phase, phase)
             evidence_lines.append(f"{name}: {tables[candidate][phase] / 1000:.1f} ms per step on rank {candidate} vs "
                                   f"{others_of[phase] / 1000:.1f} ms on the others (median; {table})")
     return [Straggler(rank=candidate, excess_us_per_step=extra_work, cause=cause,
                       evidence=evidence_lines, held_us_per_step=held, held_from=series.source)]
+
+
+CPU_WORDS = ": the training threads' time on a CPU"
+OFF_CPU_WORDS = ": the training threads' time off a CPU"
+
+
+def _cpu_excess(candidate: int, evidence: Mapping[int, RankEvidence]) -> tuple[float, float, int] | None:
+    """On CPUs, the candidate's lead measured by its training thread's time (steps.jsonl
+    ``cpu_us`` + ``runq_us``: on a CPU or waiting for one), per counted step common to all
+    ranks, as medians over those steps: (how much longer the others are off their CPU
+    than the candidate: their wait for it, the transfer cancelling; how much longer the
+    candidate is on its CPU than the others: its extra work; the steps). The backward
+    signal holds the others' wait but also any extra backward work of the candidate's,
+    which hides that much of the wait: rank 1 of the long-inputs scenario does twice the
+    tokens, its backward took 20.4 ms per step against rank 0's 24.8 (4.4 ms "wait"),
+    while rank 0 was off its CPU 14.3 ms per step and rank 1 1.8 (12.5 ms), and rank 1
+    was on its CPU 12.2 ms longer. A straggler slow off its CPU (asleep, on a disk) shows
+    no extra time here, and the backward signal stands. None off CPUs (a GPU rank's host
+    thread spins or sleeps on its device as it likes), or under MIN_STEPS common steps."""
+    busy = _cpu_busy(evidence)
+    if busy is None or candidate not in busy:
+        return None
+    steps = list(busy[candidate])
+    waits, works = [], []
+    for k in steps:
+        off = {r: d[k][0] - d[k][1] for r, d in busy.items()}
+        waits.append(_median([v for r, v in off.items() if r != candidate]) - off[candidate])
+        works.append(busy[candidate][k][1] - _median([d[k][1] for r, d in busy.items() if r != candidate]))
+    return _median(waits), _median(works), len(steps)
 
 
 CPU_AGREES = 0.5

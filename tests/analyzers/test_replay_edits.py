@@ -281,6 +281,11 @@ def test_a_stragglers_fix_leaves_its_peers_work_at_its_unprofiled_speed(tmp_path
     gpu = replace(a, ranks=[rank(0, device="cuda"), rank(1, device="cuda")])
     (f,) = estimates.apply(gpu, estimates.Inputs(m, _cpu_records(2000.0, 1600.0))).findings
     assert f.est_saving_pct == pytest.approx(10.0)
+    # a rank with bigger batches: its extra work is its own operators too, set to its
+    # peers' by the edit, and what is left is their work as the profiler lengthened it
+    imbalance = replace(a, findings=[replace(a.findings[0], lever="input_imbalance")])
+    (f,) = estimates.apply(imbalance, estimates.Inputs(m, _cpu_records(2000.0, 1600.0))).findings
+    assert f.est_saving_pct == pytest.approx(32.5)
     # other levers keep the time removed, even with the same records
     gc = replace(a, findings=[replace(a.findings[0], lever="garbage_collection")])
     (f,) = estimates.apply(gc, estimates.Inputs(m, _cpu_records(2000.0, 1600.0))).findings

@@ -7,6 +7,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from pardiag.analysis import Straggler
 from pardiag.analyzers.rank_trace import CollectiveCall, StepSpan
 from pardiag.analyzers.rules import advise
@@ -282,6 +284,64 @@ def test_a_rank_slow_only_while_profiled_is_no_straggler() -> None:
     assert (s.rank, s.cause) == (1, "forward")
 
 
+def _long_inputs(device: str | None, cpu1_ms: float = 30.5, runq1_ms: float = 0.7, bwd0_ms: float = 25.0,
+                 step0_ms: float = 33.0) -> dict[int, RankEvidence]:
+    """The long-inputs job's steps.jsonl (21 steps, the first warm-up): rank 1 has twice
+    the tokens. Rank 0: forward 6 ms, backward ``bwd0_ms`` (its wait for rank 1 inside),
+    step ``step0_ms``, 18.0 ms on its CPU and 0.2 waiting for one. Rank 1: forward 10 ms,
+    backward 21 ms (twice rank 0's work, hardly any wait), step 32.6 ms, ``cpu1_ms`` on
+    its CPU and ``runq1_ms`` waiting for one."""
+    def recs(r: int, fwd: float, bwd: float, step: float, cpu: float, runq: float) -> list[StepRecord]:
+        return [replace(x, signals={**x.signals, "cpu": cpu * MS, "run_queue": runq * MS})
+                for x in records(r, 21, data=0.2 * MS, fwd=fwd * MS, bwd=bwd * MS, opt=1 * MS, step=step * MS)]
+    rs = {0: recs(0, 6.0, bwd0_ms, step0_ms, 18.0, 0.2), 1: recs(1, 10.0, 21.0, 32.6, cpu1_ms, runq1_ms)}
+    return {r: RankEvidence(rank=r, steps_in_window=0, wait_us=0.0, phases_us={}, step_records=x, device_type=device)
+            for r, x in rs.items()}
+
+
+def test_on_cpus_a_stragglers_extra_backward_work_shows_in_its_cpu_time() -> None:
+    # backward's time holds the wait: 25 - 21 = 4 ms, and rank 1's forward is 4 ms longer.
+    # But rank 1's backward also does twice the work: on CPUs its training thread is on its
+    # CPU (or waiting for one) 30.5 + 0.7 - (18.0 + 0.2) = 13.0 ms longer per step, and rank
+    # 0 is off its CPU 33.0 - 18.2 = 14.8 ms against rank 1's 32.6 - 31.2 = 1.4 (13.4 ms
+    # longer). The others wait the lesser, 13.0 ms (40% of the 32.8 ms median step), and
+    # that much is its extra work
+    (s,) = find_stragglers(_long_inputs("cpu"))
+    assert (s.rank, s.cause, s.held_from) == (1, "forward", "steps.jsonl")
+    assert s.held_us_per_step == pytest.approx(13.0 * MS) and s.excess_us_per_step == pytest.approx(13.0 * MS)
+    assert s.evidence[0].startswith("the other ranks wait 13.0 ms per step more than rank 1 (40% of the 32.8 ms")
+    assert "from backward's time alone (4.0 ms median): 95% interval 4.0 to 4.0 ms" in s.evidence[1]
+    assert any("on a CPU (or waiting for one) 13.0 ms per step longer" in e and "off it 13.4 ms longer" in e
+               for e in s.evidence)
+    # on GPUs the host thread's CPU time is not the rank's work: backward's 4 ms stand
+    (s,) = find_stragglers(_long_inputs("cuda"))
+    assert s.held_us_per_step == pytest.approx(4.0 * MS) and s.excess_us_per_step == pytest.approx(4.0 * MS)
+    assert not any("on a CPU (or waiting for one)" in e for e in s.evidence)
+    # a rank slow off its CPU (its extra time asleep: the same CPU time as rank 0's) shows
+    # nothing more there: backward's 4 ms stand
+    (s,) = find_stragglers(_long_inputs("cpu", cpu1_ms=18.0, runq1_ms=0.2))
+    assert s.held_us_per_step == pytest.approx(4.0 * MS)
+
+
+def test_on_cpus_a_straggler_hidden_by_its_own_backward_work_is_found_by_its_cpu_time() -> None:
+    # backward's time puts the others' wait at 24.0 - 21.0 = 3.0 ms, under the floor (10%
+    # of the 32.8 ms step): nothing there. Off their CPU, rank 0 is 33.0 - 18.2 = 14.8 ms
+    # per step and rank 1 32.6 - 31.2 = 1.4: the others wait 13.4 ms, and rank 1 is on
+    # its CPU 13.0 ms longer, its extra work
+    (s,) = find_stragglers(_long_inputs("cpu", bwd0_ms=24.0))
+    assert (s.rank, s.held_from) == (1, "steps.jsonl")
+    assert s.held_us_per_step == pytest.approx(13.4 * MS) and s.excess_us_per_step == pytest.approx(13.0 * MS)
+    assert s.evidence[0] == ("the other ranks wait 13.4 ms per step more than rank 1 (41% of the 32.8 ms median "
+                             "step; both from steps.jsonl: the training threads' time off a CPU)")
+    assert s.evidence[1] == "per step over 20 steps: 95% interval 13.4 to 13.4 ms, above the noise floor of 3.3 ms"
+    # on GPUs there is no such measure: nothing is named
+    assert find_stragglers(_long_inputs("cuda", bwd0_ms=24.0)) == []
+    # control: rank 0's steps 13 ms longer (46.0 ms, its own timing), both ranks on their
+    # CPU alike (18.2 ms): rank 0 is off it 27.8 ms against rank 1's 14.4, but rank 1
+    # computes nothing more, so nobody waits for its work: no one is named
+    assert find_stragglers(_long_inputs("cpu", cpu1_ms=18.0, runq1_ms=0.2, bwd0_ms=21.0, step0_ms=46.0)) == []
+
+
 def _backward_window(cpu_ms: dict[int, float], device: str | None,
                      runq_ms: dict[int, float] | None = None) -> dict[int, RankEvidence]:
     """The window of the slow-backward test above (rank 1 30 ms longer in backward over
@@ -306,6 +366,12 @@ def test_on_cpus_a_window_backward_straggler_must_show_in_the_cpu_time_of_every_
     # 20 ms more (at least half of the 30): it is one
     (s,) = find_stragglers(_backward_window({0: 30.0, 1: 50.0}, "cpu"))
     assert (s.rank, s.cause) == (1, "backward")
+    # timed over every step (rank 0 off its CPU 36 ms per step, rank 1 16): 20 ms, not the
+    # window's 30; the cause from the window's phases (steps.jsonl's backward holds both
+    # rank 1's extra work and rank 0's wait: 45 ms each)
+    assert s.held_from == "steps.jsonl" and s.held_us_per_step == pytest.approx(20 * MS)
+    assert s.excess_us_per_step == pytest.approx(20 * MS)
+    assert any(e.startswith("backward less its wait in collectives: ") for e in s.evidence)
     # on a GPU the host's CPU time does not hold backward's kernels: the window stands
     (s,) = find_stragglers(_backward_window({0: 30.0, 1: 33.0}, "cuda"))
     assert (s.rank, s.cause) == (1, "backward")
@@ -317,5 +383,9 @@ def test_on_cpus_a_window_backward_straggler_may_show_in_the_run_queue_instead()
     # more in the run queue than rank 0 on every step (at least half of the 30): named
     (s,) = find_stragglers(_backward_window({0: 30.0, 1: 30.0}, "cpu", {0: 0.5, 1: 20.5}))
     assert s.rank == 1
-    # 10 ms more (under half): the window's 3 steps alone, no straggler
-    assert find_stragglers(_backward_window({0: 30.0, 1: 30.0}, "cpu", {0: 0.5, 1: 10.5})) == []
+    # 10 ms more (under half of the window's 30): not the window's 30 ms. But over every
+    # step rank 1 is then on its CPU or waiting for one 10 ms longer than rank 0, and rank
+    # 0 off its CPU 10 ms longer (steps of 66 ms alike): a 10 ms straggler over the job
+    (s,) = find_stragglers(_backward_window({0: 30.0, 1: 30.0}, "cpu", {0: 0.5, 1: 10.5}))
+    assert (s.rank, s.held_from) == (1, "steps.jsonl")
+    assert s.held_us_per_step == pytest.approx(10 * MS) and s.excess_us_per_step == pytest.approx(10 * MS)
