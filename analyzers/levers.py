@@ -460,7 +460,8 @@ def _straggler(ctx: RuleContext, lever: Lever) -> list[Finding]:
         "on its CPU or GPU, or a slower device (clocks, thermal throttling).",
         "backward": "rank {r} computes longer in backward: uneven inputs, contention on its CPU/GPU, or a slower device.",
         "optimizer": "rank {r} spends longer in the optimizer step: extra work only on that rank (logging, "
-        "checkpointing, EMA) or a slower device.",
+        "checkpointing, EMA, a larger share of a sharded optimizer's state: ZeroRedundancyOptimizer "
+        "splits the parameters by size, not always evenly) or a slower device.",
         "host overhead": "rank {r} spends longer outside forward/backward: Python work only on that rank "
         "(logging, metrics, checkpoints) or CPU contention (pin threads, OMP_NUM_THREADS).",
         "operators after backward": "rank {r} runs more operators after backward (metrics, logging, gradient "
