@@ -242,7 +242,7 @@ def job_held(a: Analysis, ranks: Sequence[int], step_us: float) -> tuple[float, 
     removed = straggler_saving_us(s, step_us)
     if removed <= 0:
         return None
-    held = s.held_us_per_step if s.held_us_per_step is not None else s.excess_us_per_step
+    held = s.wait_us
     return removed, (f"steps.jsonl: the others wait {held / 1e3:.1f} ms per step more than rank {s.rank}, "
                      f"whose extra work is {s.excess_us_per_step / 1e3:.1f} ms")
 

@@ -96,7 +96,7 @@ def refine(s: Straggler, records: Mapping[int, Sequence[StepRecord]]) -> Straggl
     mine = per.get(s.rank)
     if mine is None or len(per) < 2:
         return s
-    held = s.held_us_per_step if s.held_us_per_step is not None else s.excess_us_per_step
+    held = s.wait_us
     need = max(EXPLAINS * held, MIN_US)
     found: list[tuple[float, str, str]] = []  # (excess, cause, evidence)
     for attr, name, words in (("run_queue_us", CONTENTION, "waited for a CPU (run queue)"),

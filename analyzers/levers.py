@@ -441,8 +441,7 @@ def straggler_saving_us(s: Straggler, step_us: float) -> float:
     """What fixing the straggler takes off a step of ``step_us``: the others stop waiting
     for it, so the step shrinks by their extra wait, but never by more than the
     straggler's extra work (the time the fix removes) nor by more than the step itself."""
-    held = s.held_us_per_step if s.held_us_per_step is not None else s.excess_us_per_step
-    return min(held, s.excess_us_per_step, step_us)
+    return min(s.wait_us, s.excess_us_per_step, step_us)
 
 
 def _straggler(ctx: RuleContext, lever: Lever) -> list[Finding]:
@@ -451,7 +450,7 @@ def _straggler(ctx: RuleContext, lever: Lever) -> list[Finding]:
     s = max(ctx.analysis.stragglers, key=lambda s: s.excess_us_per_step)
     if HOST_LEVERS.get(host_causes.cause_kind(s.cause) or "", "straggler") != lever:
         return []
-    held = s.held_us_per_step if s.held_us_per_step is not None else s.excess_us_per_step
+    held = s.wait_us
     share = straggler_saving_us(s, ctx.step_us) / ctx.step_us
     what = {
         "dataloader": "rank {r} waits longer for its input: check that each rank's shard of the data costs the same "

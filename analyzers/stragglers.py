@@ -191,24 +191,29 @@ class _Series:
     off_cpu: bool = False  # waits are the training threads' time off a CPU (`_cpu_series`)
 
 
-def _all_series(evidence: Mapping[int, RankEvidence]) -> list[_Series]:
+def _all_series(evidence: Mapping[int, RankEvidence], busy: _Busy | None) -> list[_Series]:
     """The per-step evidence, in the order it is judged: steps.jsonl when every rank
     has at least MIN_STEPS counted steps in common (the backward signal holds the wait,
     so a rank slow in backward itself does not show there), then the profiled window's
     steps (ProfilerStep spans, waits measured inside collectives; a plain trace folder
     has only these). On CPUs, between the two, steps.jsonl's training-thread time off a
-    CPU (`_cpu_series`: what backward's time hides)."""
-    return [x for x in (_jsonl_series(evidence), _cpu_series(evidence), _window_series(evidence)) if x is not None]
+    CPU (`_cpu_series` of ``busy``: what backward's time hides)."""
+    return [x for x in (_jsonl_series(evidence), _cpu_series(busy), _window_series(evidence)) if x is not None]
 
 
-def _cpu_busy(evidence: Mapping[int, RankEvidence]) -> dict[int, dict[int, tuple[float, float]]] | None:
+_Busy = dict[int, dict[int, tuple[float, float]]]
+"""rank -> counted step -> (the step's duration, its training thread's time on a CPU or
+waiting for one), us (`_cpu_busy`)."""
+
+
+def _cpu_busy(evidence: Mapping[int, RankEvidence]) -> _Busy | None:
     """On CPUs, per rank and counted step: (the step's duration, its training thread's
     time on a CPU or waiting for one: steps.jsonl ``cpu_us`` + ``runq_us``), on the steps
     every rank has; None off CPUs (a GPU rank's host thread spins or sleeps on its
     device as it likes) or under MIN_STEPS such steps."""
     if any(ev.device_type != "cpu" for ev in evidence.values()):
         return None
-    busy: dict[int, dict[int, tuple[float, float]]] = {}
+    busy: _Busy = {}
     for r, ev in evidence.items():
         busy[r] = {rec.step: (rec.dur_us, v + (rec.get("run_queue") or 0.0)) for rec in ev.step_records
                    if counted(rec) and rec.dur_us is not None and (v := rec.get("cpu")) is not None}
@@ -218,7 +223,7 @@ def _cpu_busy(evidence: Mapping[int, RankEvidence]) -> dict[int, dict[int, tuple
     return {r: {k: d[k] for k in sorted(steps)} for r, d in busy.items()}
 
 
-def _cpu_series(evidence: Mapping[int, RankEvidence]) -> _Series | None:
+def _cpu_series(busy: _Busy | None) -> _Series | None:
     """On CPUs, each rank's time per counted step off its CPU (the step less its
     training thread's time on a CPU or waiting for one): a rank that computes longer
     (bigger batches, more work) is off it least while the others wait. Backward's time
@@ -226,7 +231,6 @@ def _cpu_series(evidence: Mapping[int, RankEvidence]) -> _Series | None:
     difference under the noise floor: in one recording of the long-inputs scenario
     (rank 1 with twice the tokens) backward's time put the others' wait at about 4 ms of
     a 37.5 ms step, while they were off their CPU 14.0 ms per step longer than rank 1."""
-    busy = _cpu_busy(evidence)
     if busy is None:
         return None
     steps = list(next(iter(busy.values())))
@@ -298,9 +302,10 @@ def find_stragglers(evidence: Mapping[int, RankEvidence]) -> list[Straggler]:
     show the extra work that explains it; otherwise none."""
     if len(evidence) < 2:
         return []
-    all_series = _all_series(evidence)
+    busy = _cpu_busy(evidence)
+    all_series = _all_series(evidence, busy)
     for series in all_series:
-        found = _judge(series, evidence)
+        found = _judge(series, evidence, busy)
         if found and series.source == "profiled window" and all_series[0].source == "steps.jsonl" \
                 and (found[0].cause != "backward" or not _cpu_time_agrees(found[0], evidence)):
             # steps.jsonl timed that phase over every step and found no straggler: a
@@ -314,8 +319,9 @@ def find_stragglers(evidence: Mapping[int, RankEvidence]) -> list[Straggler]:
     return []
 
 
-def _judge(series: _Series, evidence: Mapping[int, RankEvidence]) -> list[Straggler]:
-    """The straggler one source of per-step evidence shows, or []."""
+def _judge(series: _Series, evidence: Mapping[int, RankEvidence], busy: _Busy | None) -> list[Straggler]:
+    """The straggler one source of per-step evidence shows, or []. ``busy``: the ranks'
+    time on a CPU per step, on CPUs (`_cpu_busy`)."""
     steps = list(series.waits.values())
     mean_wait = {r: sum(d[r] for d in steps) / len(steps) for r in evidence}
     candidate = min(mean_wait, key=lambda r: (mean_wait[r], r))
@@ -338,13 +344,14 @@ def _judge(series: _Series, evidence: Mapping[int, RankEvidence]) -> list[Stragg
     if series.off_cpu and cause == "unknown" and all(ev.steps_in_window > 0 for ev in evidence.values()):
         # steps.jsonl's phases hold the others' wait in backward as long as the straggler's
         # extra backward work: the window's phases (backward less its wait) can tell them apart
-        w_cause, w_deltas = _cause(candidate, _tables(evidence, True))
+        w_tables = _tables(evidence, True)
+        w_cause, w_deltas = _cause(candidate, w_tables)
         if w_cause != "unknown":
-            window_tables, tables, cause, deltas = True, _tables(evidence, True), w_cause, w_deltas
+            window_tables, tables, cause, deltas = True, w_tables, w_cause, w_deltas
     if cause in (CAUSE_NAMES["host"], CAUSE_NAMES["untimed"]) and (where := _host_where(candidate, evidence, deltas)):
         cause = f"{CAUSE_NAMES['host']}: {where}"
     extra_work = min(sum(d for d in deltas.values() if d > 0), step_us)
-    cpu = None if window else _cpu_excess(candidate, evidence)
+    cpu = None if window or busy is None else _cpu_excess(candidate, busy)
     if series.off_cpu and (cpu is None or cpu[1] < CPU_AGREES * held):
         return []  # the others are off their CPU longer, but not for work this rank does on its own
     if cpu is not None:
@@ -400,7 +407,7 @@ CPU_WORDS = ": the training threads' time on a CPU"
 OFF_CPU_WORDS = ": the training threads' time off a CPU"
 
 
-def _cpu_excess(candidate: int, evidence: Mapping[int, RankEvidence]) -> tuple[float, float, int] | None:
+def _cpu_excess(candidate: int, busy: _Busy) -> tuple[float, float, int] | None:
     """On CPUs, the candidate's lead measured by its training thread's time (steps.jsonl
     ``cpu_us`` + ``runq_us``: on a CPU or waiting for one), per counted step common to all
     ranks, as medians over those steps: (how much longer the others are off their CPU
@@ -411,10 +418,8 @@ def _cpu_excess(candidate: int, evidence: Mapping[int, RankEvidence]) -> tuple[f
     tokens, its backward took 20.4 ms per step against rank 0's 24.8 (4.4 ms "wait"),
     while rank 0 was off its CPU 14.3 ms per step and rank 1 1.8 (12.5 ms), and rank 1
     was on its CPU 12.2 ms longer. A straggler slow off its CPU (asleep, on a disk) shows
-    no extra time here, and the backward signal stands. None off CPUs (a GPU rank's host
-    thread spins or sleeps on its device as it likes), or under MIN_STEPS common steps."""
-    busy = _cpu_busy(evidence)
-    if busy is None or candidate not in busy:
+    no extra time here, and the backward signal stands. None without the candidate's."""
+    if candidate not in busy:
         return None
     steps = list(busy[candidate])
     waits, works = [], []

@@ -156,6 +156,12 @@ class Straggler:
     held_us_per_step: float | None = None  # how much longer the others wait per step
     held_from: str | None = None  # what held_us_per_step was timed over: "steps.jsonl" or "profiled window"
 
+    @property
+    def wait_us(self) -> float:
+        """How much longer the others wait per step: ``held_us_per_step``, or the extra
+        work where the wait was not timed apart."""
+        return self.held_us_per_step if self.held_us_per_step is not None else self.excess_us_per_step
+
 
 @dataclass(frozen=True)
 class ProcessGroup:

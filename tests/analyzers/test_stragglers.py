@@ -260,7 +260,7 @@ def test_slow_backward_shows_in_the_window_when_steps_jsonl_cannot_tell() -> Non
           for r, rs in recs.items()}
     (s,) = find_stragglers(ev)
     assert (s.rank, s.cause, s.held_us_per_step, s.excess_us_per_step) == (1, "backward", 30 * MS, 30 * MS)
-    assert "profiled window" in s.evidence[0]
+    assert "profiled window" in s.evidence[0] and s.held_from == "profiled window"
     assert "backward less its wait in collectives: 45.0 ms per step on rank 1 vs 15.0 ms on the others" in s.evidence[2]
 
 
