@@ -62,7 +62,8 @@ class _Pending(Protocol):
 
 
 class _Job:
-    """One block's decoding in a `_Threads` pool: its result, or what it raised, once done."""
+    """One block's decoding, in a `_Threads` pool or on the reading thread (every
+    `workers`-th block when processes decode): its result, or what it raised, once done."""
 
     __slots__ = ("fn", "args", "kwargs", "done", "value", "error")
 
@@ -378,13 +379,8 @@ def load_parallel(path: Path, workers: int, python_functions: bool = False,
                 def submit(fn: Callable[..., _Part | None], *args: Any) -> None:
                     turn[0] += 1
                     if not threads and workers > 1 and turn[0] % workers == 0:
-                        from concurrent.futures import Future  # (processes: imported with them)
-
-                        mine: Future[_Part | None] = Future()
-                        try:
-                            mine.set_result(fn(*args, python_functions=python_functions))
-                        except Exception as e:  # as a worker's failure: the serial reader decides
-                            mine.set_exception(e)
+                        mine = _Job(fn, args, {"python_functions": python_functions})
+                        mine.run()  # here; what it raises, as a worker's failure: the serial reader decides
                         futures.append(mine)
                         return
                     while len(pending) >= forked * _IN_FLIGHT_PER_WORKER:
