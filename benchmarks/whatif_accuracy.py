@@ -30,7 +30,9 @@ error); "spread", the range of the measured saving over the repetitions (points)
 its pair is the same job twice, so its "measured" is noise too. Problem and fixed runs
 alternate, and only one job runs at a time; a job during which other processes kept more
 than a quarter of a core busy (from /proc/stat, less the job's own CPU time) is recorded
-again (--retries) and the least disturbed recording is kept.
+again (--retries) and the least disturbed recording is kept. Under the table, the host's
+own noise (benchmarks/host_probe.py, at the start and the end of the recordings): whether
+one CPU's torch work slows another's, and how far the host's speed drifted.
 
     python benchmarks/whatif_accuracy.py                        # every scenario, once
     python benchmarks/whatif_accuracy.py --repeat 2             # with the noise
@@ -60,6 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import host_probe  # benchmarks/host_probe.py, beside this file
 from pardiag.analyzers.estimates import STRAGGLER_LEVERS
 from pardiag.analyzers.levers import GRADIENT_ACCUMULATION_STEPS
 from pardiag.analyzers.steps import job_step_times_us
@@ -534,11 +537,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="whatif-accuracy-"))
     work.mkdir(parents=True, exist_ok=True)
+    host: dict[str, Any] = {}
     try:
+        if not a.reuse:  # the host's own noise: whether its CPUs slow each other, its drift (host_probe.py)
+            host["start"] = host_probe.probe()
         rows = []
         for s in names:
             rows.append(measure(s, a.repeat, a.steps, work, a.retries,
                                 Path(a.reuse) if a.reuse else None, a.combined).summary())
+        if not a.reuse:
+            host["end"] = host_probe.probe()
     except BenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -546,7 +554,8 @@ def main(argv: list[str] | None = None) -> int:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
     doc = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "machine": f"{os.cpu_count()} CPUs, {platform.machine()}",
-           "ranks": NPROC, "backend": "gloo", "steps": a.steps, "repeat": a.repeat, "results": rows}
+           "ranks": NPROC, "backend": "gloo", "steps": a.steps, "repeat": a.repeat, "results": rows,
+           **({"host": host} if host else {})}
     if a.json:
         text = json.dumps(doc, indent=2)
         if a.json == "-":
@@ -554,6 +563,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         Path(a.json).write_text(text + "\n")
     print(table(rows))
+    if (line := host_probe.words(host.get("start"), host.get("end"))) is not None:
+        print(line)
     return 0
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -139,6 +140,51 @@ def test_summary_of_two_pairs() -> None:
     # the fixed runs' 5 ms is 5 points of the problem step, not 10% of their own
     r = wa.Result("s", "straggler", [run(100, False), run(100, False)], [run(10, True), run(5, True)], [90.0], [90.0])
     assert r.summary()["noise_pp"] == 5.0
+
+
+def test_the_host_probe_line_gives_the_slowdown_and_the_drift() -> None:
+    import host_probe
+
+    start = {"cpus": [0, 1], "matmul_us": 160.0, "beside_us": 336.0, "slowdown": 2.1}
+    end = dict(start, matmul_us=176.0)  # 10% slower at the end
+    assert host_probe.words(start, end) == (
+        "host: a 256x256 float32 matmul on CPU 0 took 160 us alone, 336 us while CPU 1 multiplied matrices "
+        "(2.10x); alone it took 160 us at the start, 176 at the end (+10%)")
+    assert host_probe.words(start, None).endswith("(2.10x)")
+    assert host_probe.words(None, end) is None
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="the probe pins two CPUs")
+def test_the_host_probe_times_what_a_pinned_multiply_takes_here() -> None:
+    # the probe's alone figure against the same multiply timed here, pinned to the same
+    # CPU (best of 5 rounds of 200): the same operation, so within 2x either way
+    import statistics
+    import time
+
+    import host_probe
+    import torch
+
+    got = host_probe.probe()
+    assert got is not None and got["cpus"][0] != got["cpus"][1]
+    before = os.sched_getaffinity(0)
+    threads = torch.get_num_threads()
+    try:
+        os.sched_setaffinity(0, {got["cpus"][0]})
+        torch.set_num_threads(1)
+        a, b = torch.randn(256, 256), torch.randn(256, 256)
+        rounds = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(200):
+                a @ b
+            rounds.append((time.perf_counter() - t0) / 200 * 1e6)
+    finally:
+        os.sched_setaffinity(0, before)
+        torch.set_num_threads(threads)
+    here = statistics.median(rounds)
+    assert 0.5 < got["matmul_us"] / here < 2.0, (got, here)
+    assert got["slowdown"] == pytest.approx(got["beside_us"] / got["matmul_us"], abs=0.01)
 
 
 def test_the_control_estimates_nothing_and_measures_noise() -> None:
