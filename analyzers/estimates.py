@@ -508,7 +508,8 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
                     f"{scaled[1]}"] if scaled else []),
                "factors": [x.to_dict() for x in fac],
                "window_step_us": round(b, 1), "projected_window_step_us": round(e, 1),
-               "job_step_us": round(u, 1)}
+               "job_step_us": round(u, 1),
+               "bound": floors[0] if floors else None}  # what held the saving down (the host's cores), in words
         sev = "low" if s < SAVING_LOW else f.severity
         findings.append(replace(f, est_saving_pct=pct, severity=sev, estimate=est))
         all_edits.extend(p.edits)

@@ -517,7 +517,7 @@ def _finding_view(n: int, f: Finding) -> dict[str, Any]:
         "saving": f"{f.est_saving_pct:.0f}%" if f.est_saving_pct else None,
         "code": code, "env": action_env_text(env) if env else None, "doc": _doc_link(f.action.get("doc")),
         "assumption": clip(f.action["assumption"], 300) if isinstance(f.action.get("assumption"), str) else None,
-        "estimate": estimate_words(f),
+        "estimate": estimate_words(f, bound=False),  # the bound is among the edits listed under it
         "edits": [clip(edit, 300) for edit in basis.edits[:20]] if basis is not None else [],
     }
 

@@ -228,7 +228,7 @@ def _finding_lines(a: Analysis) -> list[str]:
         ranks = f" (rank{'s' if len(set(f.ranks)) > 1 else ''} {rank_ranges(f.ranks)})" if f.ranks else ""
         out += [f"**{_finding_title(f)}** `{f.lever}`{ranks}", ""]  # lever ids are a closed vocabulary: no escaping
         if (basis := estimate_words(f)) is not None:
-            out += [f"Estimate: {md_text(basis, 600)}", ""]
+            out += [f"Estimate: {md_text(basis, 1000)}", ""]  # the figure, what held it, its factors
         out += [f"- {md_text(e)}" for e in f.evidence[:MAX_EVIDENCE]]
         out += ["", *_action_lines(f), ""]
     if len(findings) > TOP_FINDINGS:

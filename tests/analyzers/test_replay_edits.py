@@ -580,6 +580,7 @@ def test_regrouped_buckets_save_no_more_than_the_cores_leave_idle(tmp_path: Path
     capped = [e for e in f.estimate["edits"] if e.startswith("raised from")]
     assert bool(capped) is (words is not None)
     assert all(words in e for e in capped)
+    assert f.estimate["bound"] == (capped[0] if capped else None)  # what the reports show beside the figure
 
 
 def test_a_contended_ranks_collectives_and_wake_ups_at_the_curve_and_its_peers(tmp_path: Path) -> None:

@@ -108,6 +108,31 @@ def test_markdown_of_an_analysis_without_them_is_unchanged() -> None:
     assert "Estimate: share-based: -8%" in added
 
 
+BOUND = ("raised from 19.5 to 24.8 ms per step: the processes of ranks 0, 1 keep host vm's 2 cores 87% busy "
+         "(steps.jsonl, their CPU time per step, none of it removed by the change), and regrouped buckets leave "
+         "them as busy: the step as long (the job's step of 24.8 ms)")
+
+
+@pytest.mark.parametrize("name", READABLE)
+def test_a_saving_held_to_nothing_says_what_held_it(name: str) -> None:
+    # the tiny-bucket job on 2 busy cores: the replay removes 19% of the window, the cores
+    # leave 0%; without the bound the line read "replayed: -0%", nothing to say why
+    e = {**replay_estimate(saving=0.0), "edits": ["each step's all-reduces packed under bucket_cap_mb=1", BOUND],
+         "bound": BOUND}
+    a = replace(estimated(), findings=[finding("ddp_bucket_size", "low", saving=0.0, estimate=e)])
+    out = words(name, a)
+    q = FORMATS[name].quote
+    assert q("replayed: 0% (replay within 3.1% of the measured step)") in out and "-0%" not in out
+    # the reports and the summary say it once: beside the figure, or (the HTML) among the replay's edits
+    assert out.count(q("raised from 19.5 to 24.8 ms per step")) == 1
+    if name != "html":
+        assert q("; bounded: raised from 19.5 to 24.8 ms per step: the processes of ranks 0, 1") in out
+    got = finding(saving=0.0, estimate=e)
+    assert estimate_words(got, factors=False, bound=False) == "replayed: 0% (replay within 3.1% of the measured step)"
+    assert estimate_of(got).bound == BOUND  # type: ignore[union-attr]
+    assert estimate_of(finding(saving=5.0, estimate=replay_estimate())).bound is None  # older analyses: none
+
+
 # -- the display layer reads what a newer or broken writer may give ------------------------------
 
 

@@ -64,7 +64,7 @@ def estimate(f: Finding) -> RenderableType | None:
     """Where the saving comes from: the method with its figure, each factor measured
     (where) or assumed, and the replay's edits; None when the analysis does not say."""
     e = estimate_of(f)
-    basis = estimate_words(f, factors=False)
+    basis = estimate_words(f, factors=False, bound=False)  # the bound is among the edits below
     if e is None or basis is None:
         return None
     lines = [Text(basis)]
