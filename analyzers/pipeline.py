@@ -247,10 +247,12 @@ def analyze_path(
         notices += [Notice("warning", n) for n in fr_notes]
     telemetry = _telemetry(run, notices) if run is not None else None
     from pardiag.analyzers.rules import advise
-    from pardiag.analyzers.summary import build_summary, inflation_words
+    from pardiag.analyzers.summary import build_summary, fresh_pages_words, inflation_words
 
     summary = build_summary(ranks, step_records if run is not None else None)
     if (said := inflation_words(summary.profiled_step_inflation)) is not None:
+        notices.append(Notice("info", said))
+    if run is not None and (said := fresh_pages_words(ranks, step_records)) is not None:
         notices.append(Notice("info", said))
     run_info = _run_info(path, manifest, metas, inputs, world, offsets, ranks, nccl.to_dict() if nccl else None,
                          from_run_dir=run is not None)

@@ -185,6 +185,59 @@ def fault_words(inf: Inflation) -> str:
             "the operators that touch fresh memory")
 
 
+FRESH_PAGES_SHARE = 0.10  # of the rank's median step, at FAULT_US per fault: from here a CPU job's steady faults are said
+FAULT_US = 1.2  # what a minor fault of fresh memory costs, about: for the threshold only (module notes)
+FRESH_PAGES_STEADY = 0.5  # the quarter of steps that faulted least faulted at least this share of the median
+FRESH_PAGES_MIN_STEPS = 5
+FRESH_PAGES_RSS_GROWTH = 0.05  # resident memory grows less than this over the later half of the counted steps
+# (the first ones still grow: comm_bound's rank went from 477 to 610 MB over its first 3, then stayed)
+PAGE_BYTES = 4096
+
+
+def fresh_pages_words(ranks: Sequence[RankResult], step_records: StepRecords) -> str | None:
+    """On CPUs, a process that page-faults about as often in every counted step while its
+    resident memory stays flat gives memory back to the kernel and takes it again each
+    step: glibc's allocator trims the top of its heap and unmaps large blocks once they
+    are freed (gradients set to None, activations). Said when those faults, at FAULT_US
+    each, come to FRESH_PAGES_SHARE of the rank's step, with the settings that keep the
+    memory; what they save is not estimated. A fault cost the training threads of comm_bound
+    and long_inputs 1.4-1.5 us of CPU (their CPU per step with and without the settings
+    over their faults), a loop writing fresh memory 0.85-1.24 us more than reused memory:
+    FAULT_US is between. Measured (steps.jsonl, 2 ranks on 2 CPUs):
+    comm_bound's rank faulted 8,160 times per step, and with MALLOC_TRIM_THRESHOLD_ and
+    MALLOC_MMAP_THRESHOLD_ set none, its training thread burning 43.3-45.0 ms of CPU per
+    step against 55.4; long_inputs' long-batch rank 8,160 times, its job's step 34.0-35.0 ms
+    and with them 22.9-24.0. The healthy control faults 0-2,272 times per step (about 4%
+    of its 47 ms step at FAULT_US), unsteadily: nothing is said, and the settings moved
+    its step from 46.5-49.3 to 45.1-46.9 ms. None off CPUs (a GPU job's device memory is
+    its allocator's, and its host faults are the loader's and the launches'), or without
+    the signals."""
+    if not ranks or any(r.device_type != "cpu" for r in ranks):
+        return None
+    said: list[tuple[int, float, float]] = []
+    for r in sorted(step_records):
+        recs = [x for x in step_records[r] if counted(x)]
+        faults = sorted(v for x in recs if (v := x.get("page_faults")) is not None)
+        steps = [x.dur_us for x in recs if x.dur_us]
+        rss = [v for x in recs if (v := x.get("rss_mb")) is not None]
+        if len(faults) < FRESH_PAGES_MIN_STEPS or not steps or len(rss) < 2:
+            continue
+        f, step = median(faults) or 0.0, median(steps) or 0.0
+        quarter = faults[len(faults) // 4]
+        if (f <= 0 or step <= 0 or quarter < FRESH_PAGES_STEADY * f or f * FAULT_US < FRESH_PAGES_SHARE * step
+                or max(tail := rss[len(rss) // 2:]) > (1 + FRESH_PAGES_RSS_GROWTH) * min(tail)):
+            continue
+        said.append((r, f, step))
+    if not said:
+        return None
+    who = "; ".join(f"rank {r} {f:,.0f} times in its {step / 1e3:.1f} ms step ({f * PAGE_BYTES / 2**20:.0f} MB)"
+                    for r, f, step in said[:4]) + (f"; {len(said) - 4} more ranks" if len(said) > 4 else "")
+    return (f"memory taken fresh in every step: {who}, its resident memory flat (steps.jsonl): the C library's "
+            "allocator hands freed memory back to the kernel and the next step faults it in again. "
+            "MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_MMAP_THRESHOLD_=33554432 in the job's environment keep it "
+            "(glibc; jemalloc and tcmalloc keep it by themselves); what it saves is not estimated")
+
+
 ADJACENT_STEPS = 4  # counted steps on either side of the profiler window: its local baseline
 
 

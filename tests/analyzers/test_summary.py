@@ -31,7 +31,7 @@ from pardiag.analyzers.diff import RunInput, diff_runs
 from pardiag.analyzers.rules import advise
 from pardiag.analyzers.scaling import scaling
 from pardiag.analyzers.steps import percentile
-from pardiag.analyzers.summary import build_summary, inflation_words
+from pardiag.analyzers.summary import FAULT_US, build_summary, fresh_pages_words, inflation_words
 from pardiag.errors import UserError
 from pardiag.step_records import parse as parse_step
 from pardiag.render_text import print_summary
@@ -242,6 +242,43 @@ def test_a_machine_that_got_faster_is_not_called_profiler_inflation() -> None:
     words = inflation_words(inf)
     assert words is not None and "1.05x" in words and "not the profiler's" in words
     assert "not the profiler's" not in (inflation_words(replace(inf, adjacent=1.3)) or "")
+
+
+def fresh_records(faults: list[int], step_ms: float = 80.0, rss: list[float] | None = None) -> list:
+    """Counted steps 1-10 (step 0 is warm-up) of a CPU rank: ``faults`` page faults in step
+    i (cycled), ``step_ms`` each, resident memory ``rss`` (flat at 600 MB by default)."""
+    rss = rss or [600.0] * 11
+    return [parse_step({"step": i, "dur_us": step_ms * MS, "faults": faults[i % len(faults)], "rss_mb": rss[i]})
+            for i in range(11)]
+
+
+def test_memory_faulted_in_fresh_every_step_is_said_with_the_settings_that_keep_it() -> None:
+    # comm_bound's rank 1 as recorded: 8,160 faults in every step, resident memory flat.
+    # At FAULT_US (1.2 us) that is 9.79 ms, 12.2% of an 80 ms step: said (10% or more)
+    assert FAULT_US == 1.2
+    cpu = RANKS  # CPU ranks
+    words = fresh_pages_words(cpu, {0: fresh_records([0]), 1: fresh_records([8160])})
+    assert words is not None
+    assert words.startswith("memory taken fresh in every step: rank 1 8,160 times in its 80.0 ms step (32 MB), "
+                            "its resident memory flat (steps.jsonl)")
+    assert "MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_MMAP_THRESHOLD_=33554432" in words
+    assert "not estimated" in words
+    # at a 100 ms step the same faults are 9.8%: not said
+    assert fresh_pages_words(cpu, {1: fresh_records([8160], step_ms=100.0)}) is None
+    # faults in some steps only (the healthy control: 0-2,272 per step): the quarter of
+    # steps that fault least must fault half the median or more
+    assert fresh_pages_words(cpu, {1: fresh_records([8160, 0, 8160, 0, 8160, 8160])}) is None
+    # memory that grows over the later half of the steps (610 to 650 MB, 6.6%) is being
+    # kept, not handed back; growth over the first half only (477 to 610 MB) is not
+    grows = [600.0] * 6 + [610.0, 620.0, 630.0, 640.0, 650.0]
+    assert fresh_pages_words(cpu, {1: fresh_records([8160], rss=grows)}) is None
+    warms = [477.0, 480.0, 600.0, 610.0] + [610.0] * 7
+    assert fresh_pages_words(cpu, {1: fresh_records([8160], rss=warms)}) is not None
+    # not on GPUs, and not without the signals or enough steps
+    assert fresh_pages_words([replace(r, device_type="cuda") for r in RANKS], {1: fresh_records([8160])}) is None
+    assert fresh_pages_words(cpu, {1: fresh_records([8160])[:5]}) is None
+    no_rss = [parse_step({"step": i, "dur_us": 80 * MS, "faults": 8160}) for i in range(11)]
+    assert fresh_pages_words(cpu, {1: no_rss}) is None
 
 
 def test_page_faults_of_profiled_steps_are_counted_and_said() -> None:
