@@ -70,7 +70,7 @@ from pardiag.analyzers.memory_rules import allocator_fragmentation as allocator_
 from pardiag.analyzers.memory_rules import memory_imbalance as memory_imbalance
 from pardiag.analyzers.shares import ShareBound, host_bound, window_bound
 from pardiag.analyzers.steps import median
-from pardiag.analyzers.summary import transfer_fraction
+from pardiag.analyzers.summary import PAGE_BYTES, transfer_fraction
 
 if TYPE_CHECKING:  # the registry imports this module
     from pardiag.analyzers.rules import RuleContext
@@ -582,7 +582,6 @@ GRADIENT_ACCUMULATION_STEPS = 4  # micro-batches per optimizer step proposed
 
 
 FRESH_FAULTS_SAID = 1000  # page faults per unprofiled step from which a CPU job's fresh memory is named
-PAGE_BYTES = 4096
 
 
 def _fresh_memory_caveat(ctx: RuleContext) -> list[str]:

@@ -186,12 +186,12 @@ def fault_words(inf: Inflation) -> str:
 
 
 FRESH_PAGES_SHARE = 0.10  # of the rank's median step, at FAULT_US per fault: from here a CPU job's steady faults are said
-FAULT_US = 1.2  # what a minor fault of fresh memory costs, about: for the threshold only (module notes)
+FAULT_US = 1.2  # what a minor fault of fresh memory costs, about: for the threshold only (fresh_pages_words)
 FRESH_PAGES_STEADY = 0.5  # the quarter of steps that faulted least faulted at least this share of the median
 FRESH_PAGES_MIN_STEPS = 5
 FRESH_PAGES_RSS_GROWTH = 0.05  # resident memory grows less than this over the later half of the counted steps
 # (the first ones still grow: comm_bound's rank went from 477 to 610 MB over its first 3, then stayed)
-PAGE_BYTES = 4096
+PAGE_BYTES = 4096  # a minor fault brings in one page
 
 
 def fresh_pages_words(ranks: Sequence[RankResult], step_records: StepRecords) -> str | None:
@@ -207,7 +207,7 @@ def fresh_pages_words(ranks: Sequence[RankResult], step_records: StepRecords) ->
     comm_bound's rank faulted 8,160 times per step, and with MALLOC_TRIM_THRESHOLD_ and
     MALLOC_MMAP_THRESHOLD_ set none, its training thread burning 43.3-45.0 ms of CPU per
     step against 55.4; long_inputs' long-batch rank 8,160 times, its job's step 34.0-35.0 ms
-    and with them 22.9-24.0. The healthy control faults 0-2,272 times per step (about 4%
+    and with them 22.9-24.0. The healthy control faults 0-2,272 times per step (up to 6%
     of its 47 ms step at FAULT_US), unsteadily: nothing is said, and the settings moved
     its step from 46.5-49.3 to 45.1-46.9 ms. None off CPUs (a GPU job's device memory is
     its allocator's, and its host faults are the loader's and the launches'), or without
@@ -232,7 +232,8 @@ def fresh_pages_words(ranks: Sequence[RankResult], step_records: StepRecords) ->
         return None
     who = "; ".join(f"rank {r} {f:,.0f} times in its {step / 1e3:.1f} ms step ({f * PAGE_BYTES / 2**20:.0f} MB)"
                     for r, f, step in said[:4]) + (f"; {len(said) - 4} more ranks" if len(said) > 4 else "")
-    return (f"memory taken fresh in every step: {who}, its resident memory flat (steps.jsonl): the C library's "
+    its = "its" if len(said) == 1 else "their"
+    return (f"memory taken fresh in every step: {who}, {its} resident memory flat (steps.jsonl): the C library's "
             "allocator hands freed memory back to the kernel and the next step faults it in again. "
             "MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_MMAP_THRESHOLD_=33554432 in the job's environment keep it "
             "(glibc; jemalloc and tcmalloc keep it by themselves); what it saves is not estimated")

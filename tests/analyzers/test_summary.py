@@ -263,6 +263,12 @@ def test_memory_faulted_in_fresh_every_step_is_said_with_the_settings_that_keep_
                             "its resident memory flat (steps.jsonl)")
     assert "MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_MMAP_THRESHOLD_=33554432" in words
     assert "not estimated" in words
+    both = fresh_pages_words(cpu, {0: fresh_records([4064]), 1: fresh_records([8160])})
+    assert both is not None and both.startswith(  # 4,064 faults: 4.9 ms, 6.1% of 80 ms: rank 0 is not said
+        "memory taken fresh in every step: rank 1 8,160 times")
+    both = fresh_pages_words(cpu, {0: fresh_records([4064], step_ms=40.0), 1: fresh_records([8160])})
+    assert both is not None and "rank 0 4,064 times in its 40.0 ms step (16 MB); rank 1 8,160 times in its 80.0 ms " \
+                                "step (32 MB), their resident memory flat" in both
     # at a 100 ms step the same faults are 9.8%: not said
     assert fresh_pages_words(cpu, {1: fresh_records([8160], step_ms=100.0)}) is None
     # faults in some steps only (the healthy control: 0-2,272 per step): the quarter of
