@@ -42,8 +42,15 @@ def test_every_category_equals_the_hand_count(tmp_path: Path) -> None:
 def test_a_rank_that_holds_320_mib_more_is_found_and_the_fix_clears_it(tmp_path: Path) -> None:
     script = REPO / "examples" / "scenarios" / "memory_hog.py"
     problem = analysed(tmp_path, "hog", torchrun(2, script, "--steps", "20"))
-    top = problem["findings"][0]
-    assert top["lever"] == "memory_imbalance" and top["ranks"] == [1], [(f["lever"], f["title"]) for f in problem["findings"]]
+    # the finding, not necessarily the first: the job is the healthy one, which sleeps 20 ms
+    # per optimizer step, and a recording whose exposed communication passes 10% (12% in
+    # one full-suite run, 6-9% in three others) also gets gradient_accumulation, ranked
+    # first as its severity is higher (a true one: 4 micro-batches per step cut the
+    # healthy job's time per micro-batch by 59%, README) than memory_imbalance's (low here)
+    found = [f for f in problem["findings"] if f["lever"] == "memory_imbalance"]
+    assert len(found) == 1, [(f["lever"], f["title"]) for f in problem["findings"]]
+    top = found[0]
+    assert top["ranks"] == [1], top
     rss = {r["rank"]: r["memory"]["rss_peak"] for r in problem["ranks"]}
     # 320 MiB planted. Measured: rank 1 over rank 0 by 265 to 354 MiB in 6 recordings of the
     # problem (a clean-clone suite run gave the 354, a full suite run on 2 busy cores the
