@@ -234,8 +234,15 @@ def _cpu_series(busy: _Busy | None) -> _Series | None:
     if busy is None:
         return None
     steps = list(next(iter(busy.values())))
-    waits = {k: {r: d[k][0] - d[k][1] for r, d in busy.items()} for k in steps}
-    return _Series("steps.jsonl", waits, [_median([d[k][0] for d in busy.values()]) for k in steps], off_cpu=True)
+    return _Series("steps.jsonl", _off_cpu(busy), [_median([d[k][0] for d in busy.values()]) for k in steps],
+                   off_cpu=True)
+
+
+def _off_cpu(busy: _Busy) -> dict[int, dict[int, float]]:
+    """Per counted step, each rank's time off its CPU: the step less its training
+    thread's time on a CPU or waiting for one."""
+    steps = list(next(iter(busy.values())))
+    return {k: {r: d[k][0] - d[k][1] for r, d in busy.items()} for k in steps}
 
 
 def _jsonl_series(evidence: Mapping[int, RankEvidence]) -> _Series | None:
@@ -421,13 +428,11 @@ def _cpu_excess(candidate: int, busy: _Busy) -> tuple[float, float, int] | None:
     no extra time here, and the backward signal stands. None without the candidate's."""
     if candidate not in busy:
         return None
-    steps = list(busy[candidate])
     waits, works = [], []
-    for k in steps:
-        off = {r: d[k][0] - d[k][1] for r, d in busy.items()}
+    for k, off in _off_cpu(busy).items():
         waits.append(_median([v for r, v in off.items() if r != candidate]) - off[candidate])
         works.append(busy[candidate][k][1] - _median([d[k][1] for r, d in busy.items() if r != candidate]))
-    return _median(waits), _median(works), len(steps)
+    return _median(waits), _median(works), len(waits)
 
 
 CPU_AGREES = 0.5
