@@ -209,7 +209,9 @@ def fresh_pages_words(ranks: Sequence[RankResult], step_records: StepRecords) ->
     step against 55.4; long_inputs' long-batch rank 8,160 times, its job's step 34.0-35.0 ms
     and with them 22.9-24.0. The healthy control faults 0-2,272 times per step (up to 6%
     of its 47 ms step at FAULT_US), unsteadily: nothing is said, and the settings moved
-    its step from 46.5-49.3 to 45.1-46.9 ms. None off CPUs (a GPU job's device memory is
+    its step from 46.5-49.3 to 45.1-46.9 ms. The settings do not always hold: a 64 MiB
+    block taken and freed in every step (tests/scripts/fresh_pages.py) faulted its 16,385
+    pages with them too (above the 32 MiB mmap threshold), hence "can". None off CPUs (a GPU job's device memory is
     its allocator's, and its host faults are the loader's and the launches'), or without
     the signals."""
     if not ranks or any(r.device_type != "cpu" for r in ranks):
@@ -234,9 +236,11 @@ def fresh_pages_words(ranks: Sequence[RankResult], step_records: StepRecords) ->
                     for r, f, step in said[:4]) + (f"; {len(said) - 4} more ranks" if len(said) > 4 else "")
     its = "its" if len(said) == 1 else "their"
     return (f"memory taken fresh in every step: {who}, {its} resident memory flat (steps.jsonl): the C library's "
-            "allocator hands freed memory back to the kernel and the next step faults it in again. "
-            "MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_MMAP_THRESHOLD_=33554432 in the job's environment keep it "
-            "(glibc; jemalloc and tcmalloc keep it by themselves); what it saves is not estimated")
+            "allocator hands freed memory back to the kernel and the next step faults it in again. Its settings "
+            "can keep it (MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_MMAP_THRESHOLD_=33554432 in the job's "
+            "environment removed every fault of two test jobs; blocks larger than the mmap threshold are mapped "
+            "afresh each time), or another allocator preloaded (jemalloc, tcmalloc); whether they do here and what "
+            "that saves is not estimated: compare the step with and without")
 
 
 ADJACENT_STEPS = 4  # counted steps on either side of the profiler window: its local baseline
