@@ -5,6 +5,7 @@ memory_hog.py: rank 1 keeps 320 MiB) found with its size, then gone with the fix
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,7 +73,7 @@ def test_memory_taken_fresh_in_every_step_is_noticed(tmp_path: Path) -> None:
     # about 18 ms of an 18 ms step here (1.2 us each is 19.7 ms: over 10% of any step
     # under 197 ms); the same loop keeping the block faults nothing after its first step
     def notices(name: str, *args: str) -> list[str]:
-        doc = analysed(tmp_path, name, ["python", str(SCRIPTS / "fresh_pages.py"), *args])
+        doc = analysed(tmp_path, name, [sys.executable, str(SCRIPTS / "fresh_pages.py"), *args])
         return [n["message"] for n in doc["notices"] if n["message"].startswith("memory taken fresh")]
 
     (said,) = notices("fresh")
