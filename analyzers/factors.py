@@ -1,6 +1,6 @@
 """Speed-up factors measured on the run's own hardware, and their typed readers.
 
-Two files under ``RUN/factors/``, written by `pardiag run` after the job (never inside
+Files under ``RUN/factors/``, written by `pardiag run` after the job (never inside
 it, `pardiag.measure`):
 
 ``gemm.json``
@@ -15,7 +15,14 @@ it, `pardiag.measure`):
     line explains their times (r2 >= 0.8, a bandwidth term; source "fit"), else measured by a short sweep after the job (source "sweep"), else the
     reason there is none. `comm_curve` reads it, or fits the calls it is given.
 
-Both carry ``format``/``format_version``; a newer version is refused in one line, a
+``loader.json``
+    a DataLoader worker's hand-over of a batch of the job's input shape
+    (`loader_handover`).
+``faults.json``
+    what a minor page fault of fresh memory costs on the job's host (`fault_cost`):
+    measured when a CPU rank faulted inside backward in every step.
+
+Each carries ``format``/``format_version``; a newer version is refused in one line, a
 corrupt file never raises: the readers return None and say why (`read_gemm`,
 `read_comm`).
 """
@@ -38,6 +45,8 @@ COMM_FORMAT = "pardiag.allreduce-curve"
 COMM_VERSION = 1
 LOADER_FORMAT = "pardiag.loader-handover"
 LOADER_VERSION = 1
+FAULTS_FORMAT = "pardiag.page-fault-cost"
+FAULTS_VERSION = 1
 FIT_MIN_SPAN = 4.0  # the sizes must span at least this ratio for a fit of the run's own calls
 FIT_MIN_R2 = 0.8  # ... and the line must explain the times this well, with a bandwidth term
 
@@ -271,6 +280,38 @@ def read_loader(run_dir: str | Path) -> Read[LoaderHandover]:
 def loader_handover(run_dir: str | Path) -> LoaderHandover | None:
     """The DataLoader hand-over measured after the job, or None (`read_loader` says why)."""
     return read_loader(run_dir).value
+
+
+# -- page faults -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FaultCost:
+    """What a minor page fault of fresh memory costs on the job's host (faults.json,
+    `pardiag.collectors.fault_bench`)."""
+
+    us: float
+    source: str  # in words, for evidence
+
+
+def read_faults(run_dir: str | Path) -> Read[FaultCost]:
+    doc, why = _load(Path(run_dir) / "factors" / "faults.json", FAULTS_FORMAT, FAULTS_VERSION)
+    if doc is None:
+        return Read(None, why)
+    if doc.get("status") != "ok":
+        return Read(None, f"faults.json: {doc.get('reason') or 'no measurement'}")
+    us = _opt_float(doc.get("us_per_fault"))
+    if us is None or us <= 0:
+        return Read(None, "faults.json: unreadable (no cost per fault)")
+    mb = (_opt_float(doc.get("bytes")) or 0.0) / 2**20
+    return Read(FaultCost(us, f"measured: {mb:.0f} MB of fresh memory written on this host after the job, less "
+                              f"the same memory written again, over its {doc.get('faults') or '?'} faults "
+                              f"(median of {doc.get('repeats') or '?'})"))
+
+
+def fault_cost(run_dir: str | Path) -> FaultCost | None:
+    """The cost of a page fault measured after the job, or None (`read_faults` says why)."""
+    return read_faults(run_dir).value
 
 
 # -- all_reduce ---------------------------------------------------------------------------------

@@ -582,6 +582,7 @@ GRADIENT_ACCUMULATION_STEPS = 4  # micro-batches per optimizer step proposed
 
 
 FRESH_FAULTS_SAID = 1000  # page faults per unprofiled step from which a CPU job's fresh memory is named
+FRESH_CAVEAT_HEAD = "each step page-faults"  # the caveat's first words: the replay drops it where it counts them
 
 
 def _fresh_memory_caveat(ctx: RuleContext) -> list[str]:
@@ -597,7 +598,7 @@ def _fresh_memory_caveat(ctx: RuleContext) -> list[str]:
     plain = ctx.analysis.job_summary.profiled_step_inflation.page_faults.get("plain")
     if plain is None or plain < FRESH_FAULTS_SAID:
         return []
-    return [f"each step page-faults {plain:,.0f} times ({plain * PAGE_BYTES / 2**20:.0f} MB touched fresh, "
+    return [f"{FRESH_CAVEAT_HEAD} {plain:,.0f} times ({plain * PAGE_BYTES / 2**20:.0f} MB touched fresh, "
             "steps.jsonl): micro-batches that accumulate into gradients already in memory may not fault again, "
             "so the saving can be larger than estimated (the allocator decides; not counted)"]
 

@@ -344,7 +344,9 @@ def _estimates(a: Analysis, inputs: Sequence[RankInput], step_records: Mapping[i
     try:
         gemm, comm = estimates.run_factors(run) if model is not None else (None, None)
         loader = factors.loader_handover(run.root) if model is not None and run is not None else None
-        return estimates.apply(a, estimates.Inputs(model, step_records, gemm, comm, why, loader=loader))
+        faults = factors.fault_cost(run.root) if model is not None and run is not None else None
+        return estimates.apply(a, estimates.Inputs(model, step_records, gemm, comm, why, loader=loader,
+                                                   faults=faults))
     except Exception as e:
         notices.append(Notice("warning", f"replay estimates failed: {type(e).__name__}: {e}; estimates are "
                                          "share-based"))

@@ -62,6 +62,8 @@ WAKE_MAX_US = 5000.0
 """A gap in which the last member of a collective arrived, ending at most this long after
 the collective completed (or after its worker closed it on the gap's rank), waited for it
 (the rest is the thread's wake-up)."""
+ACCUMULATE_GRAD = re.compile(r"^torch::autograd::AccumulateGrad$")
+GRAD_ADD = re.compile(r"^aten::add_?$")
 DDP_REDUCER = re.compile(r"^(torch::distributed::reducer::|torch\.distributed\.ddp\.reducer::)")
 """DDP's reducer on the host: gradients copied into its buckets (``reducer::mul_out``) and
 the reduced buckets back into the gradients (``copy_bucket_to_grad``). Under ``no_sync``
@@ -119,6 +121,11 @@ class Model:
     notices: list[str] = field(default_factory=list)
     sharing: CpuSharing | None = None  # ranks on CPUs that share their host's cores
     base_load: list[float] | None = None  # each node's load factor unedited (with ``sharing``)
+    grad_adds: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """rank -> (autograd's AccumulateGrad calls in the window, those that added into a
+    gradient already there: an ``aten::add``/``add_`` inside). None added: every
+    gradient was None when backward reached it (freed by ``zero_grad(set_to_none=True)``),
+    and backward's output became the gradient, memory taken afresh in every step."""
 
     def main_stream(self, rank: int) -> list[int]:
         return self.streams[(rank, "host")]
@@ -228,9 +235,15 @@ class Accumulate:
     back (``DDP_REDUCER``) and without the optimizer and the loop's host time after it
     (``_after_optimizer``: the ``k - 1`` that do not), each
     step's time the mean of one of the first and ``k - 1`` of the second. What waited for
-    a dropped collective waits no longer, and the ranks are no longer synchronised by it."""
+    a dropped collective waits no longer, and the ranks are no longer synchronised by it.
+
+    ``refault_us``: (rank, time per step) its backward spends faulting in gradient memory
+    taken afresh each step, which the ``k - 1`` micro-batches that accumulate into the
+    gradients already in memory do not take: taken off that rank's backward work in each
+    of them, spread over it in proportion (at most ``REFAULT_MAX_SHARE`` of it)."""
 
     k: int
+    refault_us: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -499,6 +512,28 @@ class _RankBuilder:
                        coll_nodes, kernel_nodes)
         self._wire_issue(coll_nodes, kernel_nodes)
         self.coll_nodes, self.kernel_nodes = coll_nodes, array("q", kernel_nodes.values())
+        self.m.grad_adds[self.rank] = self._grad_adds(host_tids, in_win)
+
+    def _grad_adds(self, tids: list[int], mask: np.ndarray) -> tuple[int, int]:
+        """(AccumulateGrad calls in the window, those with an add inside), on ``tids``."""
+        t = self.t
+        cpu, names = t.cpu, t.names
+        acc = np.isin(cpu.name_id, _ids(names, ACCUMULATE_GRAD)) & mask
+        add = np.isin(cpu.name_id, _ids(names, GRAD_ADD)) & mask
+        calls = adds = 0
+        for tid in tids:
+            a = np.flatnonzero(acc & (cpu.tid == tid))
+            calls += len(a)
+            b = np.flatnonzero(add & (cpu.tid == tid))
+            if not len(a) or not len(b):
+                continue
+            order = np.argsort(cpu.ts_us[a], kind="stable")
+            starts, ends = cpu.ts_us[a][order], (cpu.ts_us[a] + cpu.dur_us[a])[order]
+            j = np.searchsorted(starts, cpu.ts_us[b], side="right") - 1
+            ok = j >= 0
+            inside = ok & (cpu.ts_us[b] + cpu.dur_us[b] <= ends[np.maximum(j, 0)])
+            adds += len(np.unique(j[inside]))
+        return calls, adds
 
     # -- collectives ---------------------------------------------------------------------
     def _collectives(self, host_tids: list[int]) -> list[tuple[int, float | None]]:
@@ -1032,6 +1067,7 @@ def _apply(model: Model, edits: Sequence[Edit], skip_sync: bool = False) -> _App
                     elif n.kind == COLL and any(nodes[d].phase == "backward" for d in n.deps):
                         dur[i] = delay[i] = 0.0
                         dropped.add(i)
+                _refault(model, dict(ed.refault_us), dur)
         elif isinstance(ed, RegroupBuckets):
             _regroup(model, ed, dur, delay, gone)
         elif isinstance(ed, UncontendedCollectives):
@@ -1069,6 +1105,31 @@ def _apply(model: Model, edits: Sequence[Edit], skip_sync: bool = False) -> _App
                 elif mine.get(ph, 0.0) > 0:
                     dur[i] *= statistics.median(t.get(ph, 0.0) for t in theirs) / mine[ph]
     return _Applied(dur, delay, no_sync, gone, accumulate, dropped, origin)
+
+
+REFAULT_MAX_SHARE = 0.9
+"""Of a step's backward work on a rank, the most ``Accumulate.refault_us`` takes off."""
+
+
+def _refault(model: Model, per_step: Mapping[int, float], dur: list[float]) -> None:
+    """``Accumulate.refault_us``, in place: each step's backward work on the rank's host
+    stream shortened by the time, in proportion to each operation's."""
+    nodes = model.nodes
+    for r, us in per_step.items():
+        if us <= 0:
+            continue
+        by_step: dict[int | None, list[int]] = defaultdict(list)
+        for i in model.streams.get((r, "host"), []):
+            n = nodes[i]
+            if n.kind == WORK and n.phase == "backward":
+                by_step[n.step].append(i)
+        for ids in by_step.values():
+            total = sum(dur[i] for i in ids)
+            if total <= 0:
+                continue
+            keep = 1 - min(us, REFAULT_MAX_SHARE * total) / total
+            for i in ids:
+                dur[i] *= keep
 
 
 def _uncontended(model: Model, ed: UncontendedCollectives, dur: list[float], delay: list[float]) -> None:

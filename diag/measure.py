@@ -15,6 +15,13 @@ once the training command has exited 0 (`--no-measure` skips it).
   `pardiag.collectors.loader_bench` with the job's Python -> ``factors/loader.json``:
   what the loop still pays per batch once its input is loaded in workers.
 
+* Page faults: when a rank of this node trained on the CPU and faulted inside backward
+  ``FAULTS_MIN`` times or more in its median counted step (steps.jsonl ``bwd_faults``),
+  what a fault of fresh memory costs on this host, timed by
+  `pardiag.collectors.fault_bench` with the job's Python -> ``factors/faults.json``:
+  the gradient-accumulation estimate counts the faults that micro-batches accumulating
+  into gradients already in memory no longer take.
+
 All run in processes of their own after the job: nothing of the job changes. Each is
 bounded in time and killed past it; a failure is one line in the file and in the
 manifest (``collectors.factors``), and never changes `pardiag run`'s exit code.
@@ -50,6 +57,8 @@ LOADER_WORKERS = 2
 LOADER_MIN_SHARE = 0.05  # of the lowest rank's median step waiting for input: the dataloader rule's DATALOADER_MIN
 LOADER_MAX_BYTES = 256 << 20  # a larger batch is not timed: 2 workers prefetching 2 each hold 5 copies
 _DTYPE_BYTES = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "bfloat16": 2, "uint8": 1}
+FAULTS_TIMEOUT_S = 10.0  # the interpreter's start included (the collector imports no torch)
+FAULTS_MIN = 1000  # backward page faults per counted step (median) from which their cost is timed
 SWEEP_TIMEOUT_S = 30.0
 SWEEP_BUDGET_S = 12.0
 SWEEP_MAX_RANKS = 8
@@ -287,6 +296,45 @@ def measure_loader(run: rundir.RunDir, rank: int, meta: RankMeta | None, python:
     return doc
 
 
+# -- page faults ---------------------------------------------------------------------------------
+
+
+def backward_faults(run: rundir.RunDir, rank: int) -> float | None:
+    """The rank's median page faults inside backward over its counted steps; None without
+    step records that count them."""
+    from pardiag.analyzers.steps import median
+    from pardiag.step_records import counted
+
+    try:
+        vals = [v for r in rundir.read_steps(run, rank) if counted(r) and (v := r.get("backward_page_faults")) is not None]
+    except rundir.RunDirError:
+        return None
+    return median(vals) if vals else None  # type: ignore[arg-type]
+
+
+def measure_faults(run: rundir.RunDir, python: str, environ: Mapping[str, str]) -> dict[str, Any]:
+    """Time a page fault of fresh memory on this host; writes factors/faults.json and
+    returns its document."""
+    started = time.perf_counter()
+    result, code, text = _run_collector(python, "fault_bench.py", {"mb": 64, "repeats": 9}, environ,
+                                        FAULTS_TIMEOUT_S)
+    us = result.get("us_per_fault") if result else None
+    base = {"seconds": time.perf_counter() - started}
+    if not isinstance(us, (int, float)) or us <= 0:
+        why = (f"killed after {FAULTS_TIMEOUT_S:g} s" if code is None else
+               f"the measurement failed (exit {code}): {_last_line(text)}" if result is None else
+               f"writing fresh memory was no slower than writing it again ({us})")
+        doc = {"format": factors.FAULTS_FORMAT, "format_version": factors.FAULTS_VERSION, "status": "failed",
+               "reason": why, **base}
+    else:
+        doc = {"format": factors.FAULTS_FORMAT, "format_version": factors.FAULTS_VERSION, "status": "ok",
+               "reason": None, **base, **{k: result.get(k) for k in (
+                   "us_per_fault", "faults", "pages", "page_bytes", "bytes", "repeats", "fresh_us", "again_us",
+                   "each_us_per_fault")}}
+    _write(run.faults_factor, doc)
+    return doc
+
+
 # -- all_reduce ---------------------------------------------------------------------------------
 
 
@@ -457,6 +505,25 @@ def _measure(run: rundir.RunDir, cmd: Sequence[str], host: str, mine: Sequence[i
                 say(f"a worker hands over a batch of {tuple(doc['shape'])} in {doc['handover_us'] / 1e3:.2f} ms")
             else:
                 say(f"DataLoader hand-over not measured: {doc.get('reason')}")
+        on_cpu = [r for r in mine if (m := metas.get(r)) is not None and m.device is not None
+                  and m.device.type == "cpu"]
+        faulted = max(((f, r) for r in on_cpu if (f := backward_faults(run, r)) is not None), default=None)
+        if not on_cpu:
+            out["faults"] = _status(None, "no rank of this node trained on a CPU")
+        elif faulted is None or faulted[0] < FAULTS_MIN:
+            out["faults"] = _status(None, f"backward page-faulted fewer than {FAULTS_MIN} times per step"
+                                    if faulted is not None else "no step records count the page faults")
+        elif python is None:
+            out["faults"] = _status(None, "the job's Python could not be told")
+        else:
+            say(f"timing a page fault of fresh memory (rank {faulted[1]}'s backward faulted {faulted[0]:,.0f} "
+                f"times per step; at most {FAULTS_TIMEOUT_S:g} s)")
+            doc = measure_faults(run, python, environ)
+            out["faults"] = _status(doc)
+            if doc.get("status") == "ok":
+                say(f"a page fault of fresh memory costs {doc['us_per_fault']:.2f} us here")
+            else:
+                say(f"page-fault cost not measured: {doc.get('reason')}")
         if lowest is None or lowest not in mine:
             out["allreduce"] = _status(None, "no rank of this node" if lowest is None else f"rank {lowest}'s node measures it")
         else:

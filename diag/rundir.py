@@ -149,6 +149,10 @@ class RunDir:
         return self.factors_dir / "loader.json"
 
     @property
+    def faults_factor(self) -> Path:
+        return self.factors_dir / "faults.json"
+
+    @property
     def allreduce_factor(self) -> Path:
         return self.factors_dir / "allreduce.json"
 
