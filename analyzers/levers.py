@@ -589,10 +589,12 @@ def _fresh_memory_caveat(ctx: RuleContext) -> list[str]:
     """On CPUs, the page faults of every step (steps.jsonl): memory the job takes fresh
     each step, often its gradients freed by ``zero_grad(set_to_none=True)``. Micro-batches
     that accumulate into gradients already in memory may not fault them again, so the
-    saving can be larger than estimated; how much depends on the allocator, and the
-    estimate does not count it. The comm_bound scenario's problem runs faulted 2,094 times
-    per step and its fixed runs 2,094 times per 4 micro-batches (three recordings each;
-    8,160 and 8,160 in earlier ones): the fix faults a quarter as often per micro-batch."""
+    saving can be larger than estimated; how much depends on the allocator. The
+    comm_bound scenario's problem runs faulted 2,094 times per step and its fixed runs
+    2,094 times per 4 micro-batches (three recordings each; 8,160 and 8,160 in later
+    ones): the fix faults a quarter as often per micro-batch. Where the replay can tell
+    the faults are the gradients' (`estimates.refaults`) it counts them and drops this
+    caveat; it stays where it cannot (no replay, unsteady faults, gradients added into)."""
     if not ctx.ranks or any(r.device_type != "cpu" for r in ctx.ranks):
         return []
     plain = ctx.analysis.job_summary.profiled_step_inflation.page_faults.get("plain")

@@ -379,9 +379,10 @@ def estimate_of(f: Finding) -> Estimate | None:
 
 
 def _value(v: float, unit: str) -> str:
-    """2.3x, 15%, 0.4 ms: a factor's value with its unit (microseconds shown as ms)."""
+    """2.3x, 15%, 0.4 ms, 1.54 us: a factor's value with its unit (microseconds shown as
+    ms from 100 us: a page fault's 1.5 us read "0.0 ms")."""
     if unit == "us":
-        return f"{ms(v)} ms"
+        return f"{ms(v)} ms" if abs(v) >= 100 else f"{v:.3g} us"
     text = f"{v:.3g}"
     return f"{text}{unit}" if unit in ("x", "%") or not unit else f"{text} {unit}"
 

@@ -162,3 +162,13 @@ def test_the_terminal_summary_says_when_nothing_was_found() -> None:
     none = replace(a, findings=[])
     assert "what to change: no finding (no lever pardiag knows would make this run faster)" in summary_text(none, width=200)
     assert "no finding" not in summary_text(replace(none, ranks=[]), width=200)  # nothing analysed: nothing said
+
+
+def test_a_factor_in_microseconds_reads_in_ms_from_100_us_and_in_us_under() -> None:
+    from pardiag.display import Factor, factor_words
+
+    fault = Factor(name="page fault of fresh memory", value=1.5444, unit="us", source="64 MB written", measured=True)
+    assert factor_words(fault) == "page fault of fresh memory 1.54 us (measured: 64 MB written)"
+    handover = Factor(name="batch hand-over from a worker", value=686.0, unit="us", source="timed", measured=True)
+    assert factor_words(handover).startswith("batch hand-over from a worker 0.7")
+    assert "ms (measured: timed)" in factor_words(handover)
