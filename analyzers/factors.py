@@ -262,11 +262,9 @@ class LoaderHandover:
 
 
 def read_loader(run_dir: str | Path) -> Read[LoaderHandover]:
-    doc, why = _load(Path(run_dir) / "factors" / "loader.json", LOADER_FORMAT, LOADER_VERSION)
+    doc, why = _measured(run_dir, "loader.json", LOADER_FORMAT, LOADER_VERSION)
     if doc is None:
         return Read(None, why)
-    if doc.get("status") != "ok":
-        return Read(None, f"loader.json: {doc.get('reason') or 'no measurement'}")
     us = _opt_float(doc.get("handover_us"))
     shape = doc.get("shape")
     if us is None or us < 0 or not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
@@ -295,11 +293,9 @@ class FaultCost:
 
 
 def read_faults(run_dir: str | Path) -> Read[FaultCost]:
-    doc, why = _load(Path(run_dir) / "factors" / "faults.json", FAULTS_FORMAT, FAULTS_VERSION)
+    doc, why = _measured(run_dir, "faults.json", FAULTS_FORMAT, FAULTS_VERSION)
     if doc is None:
         return Read(None, why)
-    if doc.get("status") != "ok":
-        return Read(None, f"faults.json: {doc.get('reason') or 'no measurement'}")
     us = _opt_float(doc.get("us_per_fault"))
     if us is None or us <= 0:
         return Read(None, "faults.json: unreadable (no cost per fault)")
@@ -476,6 +472,14 @@ def curve_doc(curve: CommCurve, **extra: Any) -> dict[str, Any]:
 
 def _opt_float(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def _measured(run_dir: str | Path, name: str, fmt: str, version: int) -> tuple[dict[str, Any] | None, str | None]:
+    """``factors/NAME`` of the run when it holds a measurement (status "ok"), else None and why."""
+    doc, why = _load(Path(run_dir) / "factors" / name, fmt, version)
+    if doc is not None and doc.get("status") != "ok":
+        return None, f"{name}: {doc.get('reason') or 'no measurement'}"
+    return doc, why
 
 
 def _load(path: Path, fmt: str, version: int) -> tuple[dict[str, Any] | None, str | None]:
