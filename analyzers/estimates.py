@@ -63,6 +63,7 @@ from pardiag.analysis import Analysis, Finding, Notice
 from pardiag.analysis_blocks import WhatIf, WhatIfRow
 from pardiag.analyzers import factors
 from pardiag.analyzers import replay as rp
+from pardiag.analyzers.gemm_shapes import InplaceAddRate
 from pardiag.analyzers.levers import (
     CPU_BF16_SPEEDUP, FRESH_CAVEAT_HEAD, GRADIENT_ACCUMULATION_STEPS, PRECISION_SPEEDUP, SAVING_LOW, rank_key, straggler_saving_us)
 from pardiag.analyzers.steps import job_step_times_us
@@ -111,6 +112,7 @@ class Inputs:
     why: str | None = None  # why there is no model
     loader: factors.LoaderHandover | None = None  # a DataLoader worker's hand-over, measured for the run
     faults: factors.FaultCost | None = None  # a page fault of fresh memory, measured for the run
+    add_rate: InplaceAddRate | None = None  # the job's own in-place adds (the lowest rank's trace)
 
 
 @dataclass(frozen=True)
@@ -351,11 +353,11 @@ def plan(f: Finding, a: Analysis, inputs: Inputs) -> Plan | None:
     if lever == "gradient_accumulation":
         k = GRADIENT_ACCUMULATION_STEPS
         words = (f"gradient all-reduces and the optimizer once per {k} micro-batches",)
-        again = refaults(a, inputs)
-        if again is None:
+        mem = accumulating_backward(a, inputs)
+        if mem is None:
             return Plan((rp.Accumulate(k),), words, ())
-        per, said, fac = again
-        return Plan((rp.Accumulate(k, refault_us=per),), words + (said,), (fac,))
+        edit, said, facs = mem
+        return Plan((edit,), words + (said,), facs)
     if lever == "ddp_bucket_size" and inputs.comm is not None:
         cap = _advised_cap(f)
         ddp = (a.run.fw.ddp or [{}])[0] or {}
@@ -371,62 +373,74 @@ def plan(f: Finding, a: Analysis, inputs: Inputs) -> Plan | None:
     return None
 
 
-def refaults(a: Analysis, inputs: Inputs) -> tuple[tuple[tuple[int, float], ...], str, Factor] | None:
-    """What each CPU rank's backward spends per step faulting in gradient memory taken
-    afresh, which micro-batches accumulating into gradients already in memory do not
-    take: (per rank the time, in words, the cost per fault), or None where no rank shows it.
+def accumulating_backward(a: Analysis, inputs: Inputs) -> tuple[rp.Accumulate, str, tuple[Factor, ...]] | None:
+    """How backward changes in the micro-batches that accumulate, on CPU ranks whose
+    gradients were taken afresh in every step: the Accumulate edit with, per rank, the
+    time its backward spent faulting that memory in (which they do not) and the time
+    adding each new gradient into the one already there costs (which the step did not
+    have); in words; the factors. None where no rank shows it or the add cannot be timed.
 
     A rank counts when, in the window, no AccumulateGrad added into a gradient already
-    there (each was None: freed by ``zero_grad(set_to_none=True)``; ``Model.grad_adds``)
-    and its backward faulted about as often in every counted step (steps.jsonl
-    ``bwd_faults``: the quarter of steps that fault least at half the median or more);
-    its faults up to the pages of the trainable parameters (meta.json) are the
-    gradients', each at the cost measured after the job (factors/faults.json;
-    ``summary.FAULT_US``, labelled an assumption, when not measured). The comm_bound
-    scenario's problem jobs faulted 8,160 times in every step's backward, its two
-    2048x2048 gradients freed every step and given back to the kernel by the C library's
-    allocator; every one of its 10 accumulating fixed jobs (20 processes) faulted 8,160
-    times per 4 micro-batches. Not counted, the estimates of those 10 pairs missed by
-    +0.1 to -12.1 points (median -5.7); counted, at the 1.2 us assumed, by -4.7 to +8.2
-    (median |error| 3.3; this host measured 1.3 us per fault)."""
+    there (each was None: freed by ``zero_grad(set_to_none=True)``; ``Model.grad_adds``).
+    Its add: the trainable parameters' bytes (meta.json) at the rate of the job's own
+    in-place adds of same-shaped tensors of 1 MiB or more in the window (the optimizer's
+    ``param.add_``; ``gemm_shapes.inplace_add_rate``); without such adds neither term is
+    counted. Its faults, when its backward faulted about as often in every counted step
+    (steps.jsonl ``bwd_faults``: the quarter of steps that fault least at half the median
+    or more): up to the pages of the trainable parameters, at the cost measured after the
+    job (factors/faults.json; ``summary.FAULT_US``, labelled an assumption, when not
+    measured).
+
+    The comm_bound scenario (plain SGD): its problem jobs faulted 8,160 times in every
+    step's backward (two 2048x2048 gradients freed every step, given back to the kernel
+    by the C library's allocator), and every one of its 15 accumulating fixed jobs 8,160
+    times per 4 micro-batches; there each accumulating micro-batch's AccumulateGrad added
+    the 2048x2048 gradients in 2.3-2.5 ms each, as the problem job's optimizer added them
+    into the parameters (2.42-2.51 ms). Over 15 pairs of recordings the estimate missed by
+    a median of -5.3 points with neither term (|error| 5.3, 6 within 5 points), +1.5 with
+    the faults alone (3.8, 12) and -3.1 with both (3.9, 11): the faults alone look better
+    and leave out a cost the fixed job's trace shows in every accumulating micro-batch."""
     from pardiag.analyzers.summary import FAULT_US, FRESH_PAGES_MIN_STEPS, FRESH_PAGES_STEADY, PAGE_BYTES
 
-    model = inputs.model
-    if model is None or not a.ranks or any(r.device_type != "cpu" for r in a.ranks):
+    model, rate = inputs.model, inputs.add_rate
+    if model is None or rate is None or not a.ranks or any(r.device_type != "cpu" for r in a.ranks):
         return None
     fw = getattr(a.run, "fw", None)
     trainable = ((fw.parameters if fw is not None else None) or {}).get("trainable_bytes")
     if not isinstance(trainable, (int, float)) or trainable <= 0:
         return None
-    grad_pages = trainable / PAGE_BYTES
-    per: list[tuple[int, float]] = []
-    said: list[str] = []
+    add = trainable * rate.us_per_byte
     cost = inputs.faults
     us_each = cost.us if cost is not None else FAULT_US
+    adds: list[tuple[int, float]] = []
+    faults: list[tuple[int, float]] = []
+    said: list[str] = []
     for r in sorted(model.origin):
-        calls, adds = model.grad_adds.get(r, (0, 0))
-        if not calls or adds:
+        calls, added = model.grad_adds.get(r, (0, 0))
+        if not calls or added:
             continue
-        faults = sorted(v for x in inputs.step_records.get(r, ()) if counted(x)
-                        and (v := x.get("backward_page_faults")) is not None)
-        if len(faults) < FRESH_PAGES_MIN_STEPS:
-            continue
-        f = statistics.median(faults)
-        if f <= 0 or faults[len(faults) // 4] < FRESH_PAGES_STEADY * f:
-            continue
-        pages = min(f, grad_pages)
-        per.append((r, pages * us_each))
-        said.append(f"rank {r} {pages:,.0f}")
-    if not per:
+        adds.append((r, add))
+        per = sorted(v for x in inputs.step_records.get(r, ()) if counted(x)
+                     and (v := x.get("backward_page_faults")) is not None)
+        f = statistics.median(per) if len(per) >= FRESH_PAGES_MIN_STEPS else 0.0
+        if f > 0 and per[len(per) // 4] >= FRESH_PAGES_STEADY * f:
+            pages = min(f, trainable / PAGE_BYTES)
+            faults.append((r, pages * us_each))
+            said.append(f"rank {r} {pages:,.0f}")
+    if not adds:
         return None
-    words = (f"the gradients faulted in by backward once per optimizer step, not in every micro-batch: "
-             f"{', '.join(said)} page faults per step (steps.jsonl, backward's, up to the "
-             f"{trainable / 2**20:.0f} MB of trainable parameters; in the window every gradient was taken afresh) "
-             f"at {us_each:.2f} us each")
-    fac = (Factor("page fault of fresh memory", cost.us, "us", cost.source.removeprefix("measured: "), True)
-           if cost is not None else
-           Factor("page fault of fresh memory", FAULT_US, "us", "assumed: not measured after the job", False))
-    return tuple(per), words, fac
+    words = (f"in the micro-batches that accumulate, backward adds each gradient into the one already there: "
+             f"{trainable / 2**20:.0f} MB of trainable parameters at {rate.us_per_byte * 2**20:.0f} us/MB "
+             f"({add / 1e3:.1f} ms; the job's own in-place adds), where every gradient was taken afresh in the window")
+    facs: tuple[Factor, ...] = (Factor("in-place add per MB", rate.us_per_byte * 2**20, "us", rate.source, True),)
+    if faults:
+        words += (f", and faults their memory in no more: {', '.join(said)} page faults per step (steps.jsonl, "
+                  f"backward's, up to the parameters' pages) at {us_each:.2f} us each, paid once per optimizer step")
+        facs += ((Factor("page fault of fresh memory", cost.us, "us", cost.source.removeprefix("measured: "), True)
+                  if cost is not None else
+                  Factor("page fault of fresh memory", FAULT_US, "us", "assumed: not measured after the job", False)),)
+    k = GRADIENT_ACCUMULATION_STEPS
+    return rp.Accumulate(k, refault_us=tuple(faults), add_us=tuple(adds)), words, facs
 
 
 def _advised(f: Finding, key: str) -> Any:

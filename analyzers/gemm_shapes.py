@@ -364,3 +364,69 @@ def _ext(args: msgspec.Raw) -> int | None:
     except (msgspec.MsgspecError, ValueError):
         return None
     return v if isinstance(v, int) else None
+
+
+# -- in-place adds -------------------------------------------------------------------------------
+
+INPLACE_ADD = "aten::add_"
+INPLACE_ADD_MIN_BYTES = 1 << 20  # smaller adds are calls more than bytes
+_ELEMENT_BYTES = {"float": 4, "double": 8, "c10::BFloat16": 2, "c10::Half": 2}
+
+
+@dataclass(frozen=True)
+class InplaceAddRate:
+    """How long the job's own in-place adds of two same-shaped tensors took per byte of
+    the tensor added into, in the profiled window (host timing: a CPU trace): what
+    adding a micro-batch's gradients into the gradients already there costs."""
+
+    us_per_byte: float  # median over the calls
+    calls: int
+    bytes: int  # of the largest call
+    source: str  # in words
+
+
+def inplace_add_rate(path: str | Path) -> InplaceAddRate | None:
+    """The rate of the window's ``aten::add_`` calls whose two tensor inputs have the same
+    dims, a float type, and at least INPLACE_ADD_MIN_BYTES (memory-bound: the optimizer's
+    ``param.add_(update)``, a gradient accumulated). None for a GPU trace, a trace without
+    recorded shapes, or no such call. Raises ShapeError when the file cannot be read."""
+    p = Path(path)
+    try:
+        doc = _DOC.decode(_read(p))
+    except FileNotFoundError:
+        raise ShapeError(f"{p}: no such file") from None
+    except (OSError, EOFError, msgspec.MsgspecError, ValueError) as e:
+        raise ShapeError(f"{p.name}: unreadable trace ({type(e).__name__}: {e})") from None
+    events = doc.traceEvents or ()
+    if any(e.cat == "kernel" for e in events):
+        return None  # on a GPU the host's add_ only launches a kernel
+    steps = [e for e in events if e.name and e.name.startswith(STEP_PREFIX) and e.ts is not None and e.dur is not None]
+    lo = min((float(e.ts) for e in steps), default=float("-inf"))  # type: ignore[arg-type]
+    hi = max((float(e.ts) + float(e.dur) for e in steps), default=float("inf"))  # type: ignore[arg-type,operator]
+    rates: list[float] = []
+    largest = 0
+    for e in events:
+        if e.name != INPLACE_ADD or e.cat != "cpu_op" or e.ts is None or e.dur is None or not lo <= e.ts < hi:
+            continue
+        a = _decode(e.args)
+        dims, types = a.dims, a.types
+        if not (isinstance(dims, list) and isinstance(types, list) and len(dims) >= 2 and len(types) >= 2):
+            continue
+        d0, d1 = _dims(dims[0]), _dims(dims[1])
+        size = _ELEMENT_BYTES.get(str(types[0]))
+        if d0 is None or d0 != d1 or size is None or types[0] != types[1]:
+            continue
+        n = size
+        for d in d0:
+            n *= d
+        if n < INPLACE_ADD_MIN_BYTES or e.dur <= 0:
+            continue
+        rates.append(float(e.dur) / n)
+        largest = max(largest, n)
+    if not rates:
+        return None
+    rates.sort()
+    mid = rates[len(rates) // 2] if len(rates) % 2 else (rates[len(rates) // 2 - 1] + rates[len(rates) // 2]) / 2
+    return InplaceAddRate(mid, len(rates), largest,
+                          f"{len(rates)} in-place adds of {INPLACE_ADD_MIN_BYTES >> 20} MiB or more in the window "
+                          f"(the largest {largest / 2**20:.0f} MiB), median")

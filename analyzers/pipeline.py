@@ -318,6 +318,20 @@ REPLAY_MAX_BYTES = 1 << 30
 """Traces larger than this in all (on disk) are not replayed: the estimates stay share-based."""
 
 
+def _add_rate(a: Analysis, found: Sequence[tuple[int, Any, bool]]) -> Any:
+    """The job's own in-place add rate (lowest rank's trace) when a CPU job has a
+    gradient-accumulation finding (`estimates.accumulating_backward`), else None."""
+    from pardiag.analyzers import gemm_shapes
+
+    if not found or not any(f.lever == "gradient_accumulation" for f in a.findings) \
+            or not a.ranks or any(r.device_type != "cpu" for r in a.ranks):
+        return None
+    try:
+        return gemm_shapes.inplace_add_rate(min(found)[1])
+    except gemm_shapes.ShapeError:
+        return None
+
+
 def _estimates(a: Analysis, inputs: Sequence[RankInput], step_records: Mapping[int, Sequence[StepRecord]],
                run: rundir.RunDir | None, notices: list[Notice]) -> Analysis:
     """Replay-based estimates (analyzers/estimates.py); share-based ones, with a notice,
@@ -346,7 +360,7 @@ def _estimates(a: Analysis, inputs: Sequence[RankInput], step_records: Mapping[i
         loader = factors.loader_handover(run.root) if model is not None and run is not None else None
         faults = factors.fault_cost(run.root) if model is not None and run is not None else None
         return estimates.apply(a, estimates.Inputs(model, step_records, gemm, comm, why, loader=loader,
-                                                   faults=faults))
+                                                   faults=faults, add_rate=_add_rate(a, found)))
     except Exception as e:
         notices.append(Notice("warning", f"replay estimates failed: {type(e).__name__}: {e}; estimates are "
                                          "share-based"))

@@ -237,13 +237,17 @@ class Accumulate:
     step's time the mean of one of the first and ``k - 1`` of the second. What waited for
     a dropped collective waits no longer, and the ranks are no longer synchronised by it.
 
-    ``refault_us``: (rank, time per step) its backward spends faulting in gradient memory
-    taken afresh each step, which the ``k - 1`` micro-batches that accumulate into the
-    gradients already in memory do not take: taken off that rank's backward work in each
-    of them, spread over it in proportion (at most ``REFAULT_MAX_SHARE`` of it)."""
+    Backward itself changes in the ``k - 1`` micro-batches that accumulate into the
+    gradients already in memory, on ranks whose gradients were taken afresh each step:
+    ``refault_us`` (rank, time per step) is what its backward spent faulting that memory
+    in, which they do not; ``add_us`` (rank, time) what adding each new gradient into the
+    one there costs them, which the measured step did not. Both change the rank's backward
+    work in each of them, spread over it in proportion (at most ``REFAULT_MAX_SHARE`` of
+    it taken off)."""
 
     k: int
     refault_us: tuple[tuple[int, float], ...] = ()
+    add_us: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -1067,7 +1071,7 @@ def _apply(model: Model, edits: Sequence[Edit], skip_sync: bool = False) -> _App
                     elif n.kind == COLL and any(nodes[d].phase == "backward" for d in n.deps):
                         dur[i] = delay[i] = 0.0
                         dropped.add(i)
-                _refault(model, dict(ed.refault_us), dur)
+                _accumulating_backward(model, dict(ed.refault_us), dict(ed.add_us), dur)
         elif isinstance(ed, RegroupBuckets):
             _regroup(model, ed, dur, delay, gone)
         elif isinstance(ed, UncontendedCollectives):
@@ -1111,12 +1115,15 @@ REFAULT_MAX_SHARE = 0.9
 """Of a step's backward work on a rank, the most ``Accumulate.refault_us`` takes off."""
 
 
-def _refault(model: Model, per_step: Mapping[int, float], dur: list[float]) -> None:
-    """``Accumulate.refault_us``, in place: each step's backward work on the rank's host
-    stream shortened by the time, in proportion to each operation's."""
+def _accumulating_backward(model: Model, less: Mapping[int, float], more: Mapping[int, float],
+                           dur: list[float]) -> None:
+    """``Accumulate.refault_us`` and ``add_us``, in place: each step's backward work on
+    the rank's host stream shortened by the one and lengthened by the other, in
+    proportion to each operation's."""
     nodes = model.nodes
-    for r, us in per_step.items():
-        if us <= 0:
+    for r in set(less) | set(more):
+        minus, plus = max(less.get(r, 0.0), 0.0), max(more.get(r, 0.0), 0.0)
+        if not minus and not plus:
             continue
         by_step: dict[int | None, list[int]] = defaultdict(list)
         for i in model.streams.get((r, "host"), []):
@@ -1127,9 +1134,9 @@ def _refault(model: Model, per_step: Mapping[int, float], dur: list[float]) -> N
             total = sum(dur[i] for i in ids)
             if total <= 0:
                 continue
-            keep = 1 - min(us, REFAULT_MAX_SHARE * total) / total
+            scale = 1 + (plus - min(minus, REFAULT_MAX_SHARE * total)) / total
             for i in ids:
-                dur[i] *= keep
+                dur[i] *= scale
 
 
 def _uncontended(model: Model, ed: UncontendedCollectives, dur: list[float], delay: list[float]) -> None:

@@ -202,3 +202,48 @@ def test_under_autocast_the_activations_already_run_in_bf16_and_gain_nothing(tmp
     g = gemm_shapes(path)
     assert g.followers == () and g.follower_names_us > 0
     assert any(s.dtypes[0] == "c10::BFloat16" for s in g.shapes)
+
+
+def record_sgd(path: Path, shapes: bool = True) -> None:
+    """Plain SGD (no foreach) on a 512x1024 float32 layer (2 MiB weight, 1024-float bias),
+    2 profiled steps: the optimizer's ``param.add_(grad, alpha=-lr)`` per parameter."""
+    from torch import nn
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    torch.manual_seed(0)
+    model = nn.Linear(1024, 512)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, foreach=False)
+    x = torch.randn(8, 1024)
+
+    def save(p: "profile") -> None:
+        p.export_chrome_trace(str(path))
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=shapes, on_trace_ready=save,
+                 schedule=schedule(wait=1, warmup=1, active=ACTIVE)) as p:
+        for _ in range(1 + 1 + ACTIVE):
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            p.step()
+
+
+def test_the_in_place_add_rate_is_the_jobs_own_large_adds(tmp_path: Path) -> None:
+    from pardiag.analyzers.gemm_shapes import inplace_add_rate
+
+    path = tmp_path / "sgd.json"
+    record_sgd(path)
+    # the weight's add in each profiled step: 512x1024 float32, 2 MiB; the bias's 4 KiB is too small
+    big = [e for e in _window_ops(path) if e["name"] == "aten::add_"
+           and e["args"].get("Input Dims", [None])[0] == [512, 1024]]
+    assert len(big) == ACTIVE
+    r = inplace_add_rate(path)
+    assert r is not None and r.calls == ACTIVE and r.bytes == 2 << 20
+    durs = sorted(e["dur"] for e in big)
+    assert r.us_per_byte == pytest.approx(sum(durs) / len(durs) / (2 << 20))  # the median of two: their mean
+    # without recorded shapes (or on a GPU trace: the host only launches kernels) there is none
+    bare = tmp_path / "bare.json"
+    record_sgd(bare, shapes=False)
+    assert inplace_add_rate(bare) is None
+    gpu = tmp_path / "gpu.json"
+    gpu_trace(gpu)
+    assert inplace_add_rate(gpu) is None

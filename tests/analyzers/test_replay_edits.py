@@ -705,6 +705,11 @@ def test_micro_batches_that_accumulate_do_not_fault_the_gradients_in_again(tmp_p
     assert r.replayed_steps[0][1] == pytest.approx(1570.0)
     # the micro-batch that syncs is the measured step, faults and all
     assert replay(m, [Accumulate(1, refault_us=((0, 400.0),))]).replayed_steps[0][1] == pytest.approx(2830.0)
+    # adding each new gradient into the one there costs rank 1 250 us in each of them:
+    # (2830 + 3 * 2780) / 4 = 2792.5; with rank 0's 400 us less, 2080 as above
+    r = replay(m, [Accumulate(4, refault_us=((0, 400.0),), add_us=((1, 250.0),))])
+    assert r.replayed_steps[0][1] == pytest.approx(2080.0)
+    assert r.replayed_steps[1][1] == pytest.approx(2792.5)
 
 
 def _fault_records(faults: list[float], step_us: float = 2830.0) -> dict[int, list[StepRecord]]:
@@ -724,48 +729,58 @@ def _accumulation_analysis(trainable: int = 300 * 4096, device: str = "cpu") -> 
     return replace(a, findings=[f])
 
 
-def test_the_accumulation_estimate_counts_the_gradients_faulted_in_once_per_optimizer_step(tmp_path: Path) -> None:
+def test_the_accumulation_estimate_counts_the_gradients_faulted_in_once_and_added_into_after(tmp_path: Path) -> None:
     """Each rank's backward faulted 500 times in every counted step, its gradients every one
     of them taken afresh in the window (no AccumulateGrad added into one); the trainable
-    parameters are 300 pages, so 300 of the faults are the gradients', at the measured
-    2.0 us: 600 us per step that the 3 micro-batches which accumulate do not spend. Rank 0
-    (2830 + 3 * (2230 - 600)) / 4 = 1930, rank 1 (2830 + 3 * (2530 - 600)) / 4 = 2155: the
-    job's step goes from 2830 to 2155, 675 us of the job's 2830 us step, 23.9% (without
-    the faults 2830 - 2605 = 225 us, 8.0%)."""
+    parameters are 300 pages (1,228,800 bytes), so 300 of the faults are the gradients',
+    at the measured 2.0 us: 600 us per step that the 3 micro-batches which accumulate do
+    not spend. They add each new gradient into the one there instead, at the job's own
+    in-place add rate (150 us for the 1,228,800 bytes). Rank 0 (2830 + 3 * (2230 - 600 +
+    150)) / 4 = 2042.5, rank 1 (2830 + 3 * (2530 - 600 + 150)) / 4 = 2267.5: the job's step
+    goes from 2830 to 2267.5, 562.5 us of the job's 2830 us step, 19.9% (without either,
+    2830 - 2605 = 225 us, 8.0%)."""
     from pardiag.analyzers.factors import FaultCost
+    from pardiag.analyzers.gemm_shapes import InplaceAddRate
 
     m = _model(tmp_path, _stolen()(0, 2210), _stolen()(300, 2510))
     cost = FaultCost(2.0, "measured: 64 MB of fresh memory written")
+    rate = InplaceAddRate(150.0 / 1_228_800, 9, 16 << 20, "9 in-place adds")
     recs = _fault_records([500.0] * 6)
-    (f,) = estimates.apply(_accumulation_analysis(), estimates.Inputs(m, recs, faults=cost)).findings
-    assert f.estimate is not None and f.estimate["method"] == "replay"
-    assert f.est_saving_pct == pytest.approx(round(100 * 675 / 2830, 1))
-    assert any("rank 0 300, rank 1 300 page faults per step" in e and "at 2.00 us each" in e
-               for e in f.estimate["edits"])
-    assert [(x["name"], x["value"], x["measured"]) for x in f.estimate["factors"]] == [
-        ("page fault of fresh memory", 2.0, True)]
+
+    def est(analysis: Any = None, model: Any = m, records: Any = recs, **kw: Any) -> Any:
+        (f,) = estimates.apply(analysis or _accumulation_analysis(), estimates.Inputs(model, records, **kw)).findings
+        assert f.estimate is not None and f.estimate["method"] == "replay"
+        return f
+
+    f = est(faults=cost, add_rate=rate)
+    assert f.est_saving_pct == pytest.approx(round(100 * 562.5 / 2830, 1))
+    assert any("1 MB of trainable parameters at 128 us/MB (0.1 ms" in e and "rank 0 300, rank 1 300 page faults"
+               in e and "at 2.00 us each" in e for e in f.estimate["edits"])
+    assert [(x["name"], round(x["value"], 1), x["measured"]) for x in f.estimate["factors"]] == [
+        ("in-place add per MB", 128.0, True), ("page fault of fresh memory", 2.0, True)]
     # the caveat that said the faults were not counted is gone; the rest of the evidence stays
     assert f.evidence == ["exposed"]
-    # not measured: the assumed 1.2 us (summary.FAULT_US), labelled: 360 us per step,
-    # rank 1 (2830 + 3 * 2170) / 4 = 2335, 495 us, 17.5%
-    (g,) = estimates.apply(_accumulation_analysis(), estimates.Inputs(m, recs)).findings
-    assert g.est_saving_pct == pytest.approx(round(100 * 495 / 2830, 1))
-    assert g.estimate is not None and g.estimate["factors"][0]["measured"] is False
+    # the fault not measured: the assumed 1.2 us (summary.FAULT_US), labelled: 360 us per
+    # step, rank 1 (2830 + 3 * (2530 - 360 + 150)) / 4 = 2447.5, 382.5 us, 13.5%
+    g = est(add_rate=rate)
+    assert g.est_saving_pct == pytest.approx(round(100 * 382.5 / 2830, 1))
+    assert g.estimate["factors"][1]["measured"] is False
+    # faults unsteady (a quarter of the steps under half the median) or too few steps to
+    # tell: the add alone, rank 1 (2830 + 3 * 2680) / 4 = 2717.5, 112.5 us, 4.0%
+    for few in ([0.0, 0.0, 500.0, 500.0, 500.0, 500.0], [500.0] * 4):
+        h = est(records=_fault_records(few), faults=cost, add_rate=rate)
+        assert h.est_saving_pct == pytest.approx(round(100 * 112.5 / 2830, 1))
+        assert [x["name"] for x in h.estimate["factors"]] == ["in-place add per MB"] and len(h.evidence) == 2
 
-    def plain(out: Any) -> None:
-        (h,) = out.findings
+    def plain(h: Any) -> None:
         assert h.est_saving_pct == pytest.approx(round(100 * 225 / 2830, 1))
         assert h.estimate["factors"] == [] and len(h.evidence) == 2
 
-    # no fault term where: faults unsteady (a quarter of the steps under half the median),
-    m2 = _model(tmp_path, _stolen()(0, 2210), _stolen()(300, 2510))
-    plain(estimates.apply(_accumulation_analysis(), estimates.Inputs(m2, _fault_records(
-        [0.0, 0.0, 500.0, 500.0, 500.0, 500.0]), faults=cost)))
-    # too few counted steps to tell,
-    plain(estimates.apply(_accumulation_analysis(), estimates.Inputs(m2, _fault_records([500.0] * 4), faults=cost)))
-    # backward added into gradients already there (they were not freed: not faulted afresh),
+    # neither where: the add rate is not known (no large in-place add in the trace),
+    plain(est(faults=cost))
+    # backward added into gradients already there (they were not freed: nothing changes),
     m3 = _model(tmp_path, _stolen(add=True)(0, 2210), _stolen(add=True)(300, 2510))
-    plain(estimates.apply(_accumulation_analysis(), estimates.Inputs(m3, recs, faults=cost)))
+    plain(est(model=m3, faults=cost, add_rate=rate))
     # the parameters' size unknown, or the ranks not on CPUs
-    plain(estimates.apply(_accumulation_analysis(trainable=0), estimates.Inputs(m2, recs, faults=cost)))
-    plain(estimates.apply(_accumulation_analysis(device="cuda"), estimates.Inputs(m2, recs, faults=cost)))
+    plain(est(_accumulation_analysis(trainable=0), faults=cost, add_rate=rate))
+    plain(est(_accumulation_analysis(device="cuda"), faults=cost, add_rate=rate))
