@@ -65,7 +65,8 @@ from pardiag.analyzers import factors
 from pardiag.analyzers import replay as rp
 from pardiag.analyzers.gemm_shapes import InplaceAddRate
 from pardiag.analyzers.levers import (
-    CPU_BF16_SPEEDUP, FRESH_CAVEAT_HEAD, GRADIENT_ACCUMULATION_STEPS, PRECISION_SPEEDUP, SAVING_LOW, rank_key, straggler_saving_us)
+    CPU_BF16_SPEEDUP, FRESH_CAVEAT_HEAD, GRADIENT_ACCUMULATION_STEPS, PRECISION_SPEEDUP, SAVING_LOW, rank_key,
+    straggler_saving_us)
 from pardiag.analyzers.steps import job_step_times_us
 from pardiag.step_records import StepRecord, counted, signal
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import gzip
 import re
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -368,7 +369,10 @@ def _ext(args: msgspec.Raw) -> int | None:
 
 # -- in-place adds -------------------------------------------------------------------------------
 
-INPLACE_ADD = "aten::add_"
+INPLACE_ADD = frozenset({"aten::add_", "aten::lerp_"})
+"""In-place operators that read two same-shaped tensors and write one: plain SGD's
+``param.add_(update)``, Adam's ``exp_avg.lerp_(grad, 1 - beta1)``; on a CPU each moves
+the bytes a gradient accumulated by ``grad += new`` does (memory-bound)."""
 INPLACE_ADD_MIN_BYTES = 1 << 20  # smaller adds are calls more than bytes
 _ELEMENT_BYTES = {"float": 4, "double": 8, "c10::BFloat16": 2, "c10::Half": 2}
 
@@ -386,10 +390,10 @@ class InplaceAddRate:
 
 
 def inplace_add_rate(path: str | Path) -> InplaceAddRate | None:
-    """The rate of the window's ``aten::add_`` calls whose two tensor inputs have the same
-    dims, a float type, and at least INPLACE_ADD_MIN_BYTES (memory-bound: the optimizer's
-    ``param.add_(update)``, a gradient accumulated). None for a GPU trace, a trace without
-    recorded shapes, or no such call. Raises ShapeError when the file cannot be read."""
+    """The rate of the window's ``INPLACE_ADD`` calls whose first two inputs are tensors
+    of the same dims and float type of at least INPLACE_ADD_MIN_BYTES (memory-bound: the
+    optimizer's, a gradient accumulated). None for a GPU trace, a trace without recorded
+    shapes, or no such call. Raises ShapeError when the file cannot be read."""
     p = Path(path)
     try:
         doc = _DOC.decode(_read(p))
@@ -406,7 +410,7 @@ def inplace_add_rate(path: str | Path) -> InplaceAddRate | None:
     rates: list[float] = []
     largest = 0
     for e in events:
-        if e.name != INPLACE_ADD or e.cat != "cpu_op" or e.ts is None or e.dur is None or not lo <= e.ts < hi:
+        if e.name not in INPLACE_ADD or e.cat != "cpu_op" or e.ts is None or e.dur is None or not lo <= e.ts < hi:
             continue
         a = _decode(e.args)
         dims, types = a.dims, a.types
@@ -425,8 +429,6 @@ def inplace_add_rate(path: str | Path) -> InplaceAddRate | None:
         largest = max(largest, n)
     if not rates:
         return None
-    rates.sort()
-    mid = rates[len(rates) // 2] if len(rates) % 2 else (rates[len(rates) // 2 - 1] + rates[len(rates) // 2]) / 2
-    return InplaceAddRate(mid, len(rates), largest,
-                          f"{len(rates)} in-place adds of {INPLACE_ADD_MIN_BYTES >> 20} MiB or more in the window "
-                          f"(the largest {largest / 2**20:.0f} MiB), median")
+    return InplaceAddRate(statistics.median(rates), len(rates), largest,
+                          f"{len(rates)} in-place adds (add_, lerp_) of {INPLACE_ADD_MIN_BYTES >> 20} MiB or more "
+                          f"in the window (the largest {largest / 2**20:.0f} MiB), median")

@@ -306,7 +306,8 @@ def backward_faults(run: rundir.RunDir, rank: int) -> float | None:
     from pardiag.step_records import counted
 
     try:
-        vals = [v for r in rundir.read_steps(run, rank) if counted(r) and (v := r.get("backward_page_faults")) is not None]
+        vals = [v for r in rundir.read_steps(run, rank)
+                if counted(r) and (v := r.get("backward_page_faults")) is not None]
     except rundir.RunDirError:
         return None
     return median(vals) if vals else None  # type: ignore[arg-type]

@@ -204,15 +204,17 @@ def test_under_autocast_the_activations_already_run_in_bf16_and_gain_nothing(tmp
     assert any(s.dtypes[0] == "c10::BFloat16" for s in g.shapes)
 
 
-def record_sgd(path: Path, shapes: bool = True) -> None:
+def record_sgd(path: Path, shapes: bool = True, adamw: bool = False) -> None:
     """Plain SGD (no foreach) on a 512x1024 float32 layer (2 MiB weight, 1024-float bias),
-    2 profiled steps: the optimizer's ``param.add_(grad, alpha=-lr)`` per parameter."""
+    2 profiled steps: the optimizer's ``param.add_(grad, alpha=-lr)`` per parameter (with
+    ``adamw``, single-tensor AdamW: ``exp_avg.lerp_(grad, 1 - beta1)``)."""
     from torch import nn
     from torch.profiler import ProfilerActivity, profile, schedule
 
     torch.manual_seed(0)
     model = nn.Linear(1024, 512)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, foreach=False)
+    opt = (torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False) if adamw else
+           torch.optim.SGD(model.parameters(), lr=0.01, foreach=False))
     x = torch.randn(8, 1024)
 
     def save(p: "profile") -> None:
@@ -227,14 +229,16 @@ def record_sgd(path: Path, shapes: bool = True) -> None:
             p.step()
 
 
-def test_the_in_place_add_rate_is_the_jobs_own_large_adds(tmp_path: Path) -> None:
+@pytest.mark.parametrize("adamw, op", [(False, "aten::add_"), (True, "aten::lerp_")])
+def test_the_in_place_add_rate_is_the_jobs_own_large_adds(tmp_path: Path, adamw: bool, op: str) -> None:
+    """SGD's ``param.add_`` and AdamW's ``exp_avg.lerp_`` (which adds nothing same-shaped
+    in place, but reads two tensors and writes one as an add does)."""
     from pardiag.analyzers.gemm_shapes import inplace_add_rate
 
-    path = tmp_path / "sgd.json"
-    record_sgd(path)
-    # the weight's add in each profiled step: 512x1024 float32, 2 MiB; the bias's 4 KiB is too small
-    big = [e for e in _window_ops(path) if e["name"] == "aten::add_"
-           and e["args"].get("Input Dims", [None])[0] == [512, 1024]]
+    path = tmp_path / "opt.json"
+    record_sgd(path, adamw=adamw)
+    # the weight's call in each profiled step: 512x1024 float32, 2 MiB; the bias's 2 KiB is too small
+    big = [e for e in _window_ops(path) if e["name"] == op and e["args"].get("Input Dims", [None])[0] == [512, 1024]]
     assert len(big) == ACTIVE
     r = inplace_add_rate(path)
     assert r is not None and r.calls == ACTIVE and r.bytes == 2 << 20
@@ -242,7 +246,7 @@ def test_the_in_place_add_rate_is_the_jobs_own_large_adds(tmp_path: Path) -> Non
     assert r.us_per_byte == pytest.approx(sum(durs) / len(durs) / (2 << 20))  # the median of two: their mean
     # without recorded shapes (or on a GPU trace: the host only launches kernels) there is none
     bare = tmp_path / "bare.json"
-    record_sgd(bare, shapes=False)
+    record_sgd(bare, shapes=False, adamw=adamw)
     assert inplace_add_rate(bare) is None
     gpu = tmp_path / "gpu.json"
     gpu_trace(gpu)
