@@ -399,21 +399,23 @@ def inplace_add_rate(path: str | Path) -> InplaceAddRate | None:
         doc = _DOC.decode(_read(p))
     except FileNotFoundError:
         raise ShapeError(f"{p}: no such file") from None
-    except (OSError, EOFError, msgspec.MsgspecError, ValueError) as e:
-        raise ShapeError(f"{p.name}: unreadable trace ({type(e).__name__}: {e})") from None
+    except (OSError, EOFError, msgspec.MsgspecError, ValueError) as exc:
+        raise ShapeError(f"{p.name}: unreadable trace ({type(exc).__name__}: {exc})") from None
     events = doc.traceEvents or ()
-    if any(e.cat == "kernel" for e in events):
+    if any(ev.cat == "kernel" for ev in events):
         return None  # on a GPU the host's add_ only launches a kernel
-    steps = [e for e in events if e.name and e.name.startswith(STEP_PREFIX) and e.ts is not None and e.dur is not None]
-    lo = min((float(e.ts) for e in steps), default=float("-inf"))  # type: ignore[arg-type]
-    hi = max((float(e.ts) + float(e.dur) for e in steps), default=float("inf"))  # type: ignore[arg-type,operator]
+    spans = [(float(ev.ts), float(ev.ts) + float(ev.dur)) for ev in events
+             if ev.name and ev.name.startswith(STEP_PREFIX) and ev.ts is not None and ev.dur is not None]
+    lo = min((a for a, _ in spans), default=float("-inf"))
+    hi = max((b for _, b in spans), default=float("inf"))
     rates: list[float] = []
     largest = 0
-    for e in events:
-        if e.name not in INPLACE_ADD or e.cat != "cpu_op" or e.ts is None or e.dur is None or not lo <= e.ts < hi:
+    for ev in events:
+        if ev.name not in INPLACE_ADD or ev.cat != "cpu_op" or ev.ts is None or ev.dur is None \
+                or not lo <= ev.ts < hi or ev.dur <= 0:
             continue
-        a = _decode(e.args)
-        dims, types = a.dims, a.types
+        args = _decode(ev.args)
+        dims, types = args.dims, args.types
         if not (isinstance(dims, list) and isinstance(types, list) and len(dims) >= 2 and len(types) >= 2):
             continue
         d0, d1 = _dims(dims[0]), _dims(dims[1])
@@ -423,9 +425,9 @@ def inplace_add_rate(path: str | Path) -> InplaceAddRate | None:
         n = size
         for d in d0:
             n *= d
-        if n < INPLACE_ADD_MIN_BYTES or e.dur <= 0:
+        if n < INPLACE_ADD_MIN_BYTES:
             continue
-        rates.append(float(e.dur) / n)
+        rates.append(float(ev.dur) / n)
         largest = max(largest, n)
     if not rates:
         return None
