@@ -433,7 +433,7 @@ def accumulating_backward(a: Analysis, inputs: Inputs) -> tuple[rp.Accumulate, s
     words = (f"in the micro-batches that accumulate, backward adds each gradient into the one already there: "
              f"{trainable / 2**20:.0f} MB of trainable parameters at {rate.us_per_byte * 2**20:.0f} us/MB "
              f"({add / 1e3:.1f} ms; the job's own in-place adds), where every gradient was taken afresh in the window")
-    facs: tuple[Factor, ...] = (Factor("in-place add per MB", rate.us_per_byte * 2**20, "us", rate.source, True),)
+    facs: tuple[Factor, ...] = (Factor("in-place add", rate.us_per_byte * 2**20, "us/MB", rate.source, True),)
     if faults:
         words += (f", and faults their memory in no more: {', '.join(said)} page faults per step (steps.jsonl, "
                   f"backward's, up to the parameters' pages) at {us_each:.2f} us each, paid once per optimizer step")

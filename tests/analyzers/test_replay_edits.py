@@ -757,7 +757,7 @@ def test_the_accumulation_estimate_counts_the_gradients_faulted_in_once_and_adde
     assert any("1 MB of trainable parameters at 128 us/MB (0.1 ms" in e and "rank 0 300, rank 1 300 page faults"
                in e and "at 2.00 us each" in e for e in f.estimate["edits"])
     assert [(x["name"], round(x["value"], 1), x["measured"]) for x in f.estimate["factors"]] == [
-        ("in-place add per MB", 128.0, True), ("page fault of fresh memory", 2.0, True)]
+        ("in-place add", 128.0, True), ("page fault of fresh memory", 2.0, True)]
     # the caveat that said the faults were not counted is gone; the rest of the evidence stays
     assert f.evidence == ["exposed"]
     # the fault not measured: the assumed 1.2 us (summary.FAULT_US), labelled: 360 us per
@@ -770,7 +770,7 @@ def test_the_accumulation_estimate_counts_the_gradients_faulted_in_once_and_adde
     for few in ([0.0, 0.0, 500.0, 500.0, 500.0, 500.0], [500.0] * 4):
         h = est(records=_fault_records(few), faults=cost, add_rate=rate)
         assert h.est_saving_pct == pytest.approx(round(100 * 112.5 / 2830, 1))
-        assert [x["name"] for x in h.estimate["factors"]] == ["in-place add per MB"] and len(h.evidence) == 2
+        assert [x["name"] for x in h.estimate["factors"]] == ["in-place add"] and len(h.evidence) == 2
 
     def plain(h: Any) -> None:
         assert h.est_saving_pct == pytest.approx(round(100 * 225 / 2830, 1))
