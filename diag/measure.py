@@ -58,6 +58,7 @@ LOADER_MIN_SHARE = 0.05  # of the lowest rank's median step waiting for input: t
 LOADER_MAX_BYTES = 256 << 20  # a larger batch is not timed: 2 workers prefetching 2 each hold 5 copies
 _DTYPE_BYTES = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "bfloat16": 2, "uint8": 1}
 FAULTS_TIMEOUT_S = 10.0  # the interpreter's start included (the collector imports no torch)
+FAULTS_BLOCK_MB = 16  # the block fault_bench writes afresh: a large layer's gradient (its docstring)
 FAULTS_MIN = 1000  # backward page faults per counted step (median) from which their cost is timed
 SWEEP_TIMEOUT_S = 30.0
 SWEEP_BUDGET_S = 12.0
@@ -317,7 +318,7 @@ def measure_faults(run: rundir.RunDir, python: str, environ: Mapping[str, str]) 
     """Time a page fault of fresh memory on this host; writes factors/faults.json and
     returns its document."""
     started = time.perf_counter()
-    result, code, text = _run_collector(python, "fault_bench.py", {"mb": 64, "repeats": 9}, environ,
+    result, code, text = _run_collector(python, "fault_bench.py", {"mb": FAULTS_BLOCK_MB, "repeats": 15}, environ,
                                         FAULTS_TIMEOUT_S)
     us = result.get("us_per_fault") if result else None
     base = {"seconds": time.perf_counter() - started}
