@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-__version__ = "0.5.3"
+__version__ = "0.5.4"
 
 
 def step() -> None:
