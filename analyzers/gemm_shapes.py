@@ -147,6 +147,17 @@ def _read(path: Path) -> bytes:
     return data
 
 
+def _load(path: str | Path) -> _Doc:
+    """The trace's events as `_Doc`; ShapeError (one line) when the file cannot be read."""
+    p = Path(path)
+    try:
+        return _DOC.decode(_read(p))
+    except FileNotFoundError:
+        raise ShapeError(f"{p}: no such file") from None
+    except (OSError, EOFError, msgspec.MsgspecError, ValueError) as e:
+        raise ShapeError(f"{p.name}: unreadable trace ({type(e).__name__}: {e})") from None
+
+
 def _dims(v: Any) -> tuple[int, ...] | None:
     if isinstance(v, list) and all(isinstance(x, int) for x in v):
         return tuple(v)
@@ -170,13 +181,7 @@ def gemm_shapes(path: str | Path) -> GemmShapes:
     """The GEMM operators of one rank's trace inside its profiled steps, grouped by
     (operator, input shapes, types, strides, non-tensor arguments, forward/backward).
     Raises ShapeError when the file cannot be read as a trace."""
-    p = Path(path)
-    try:
-        doc = _DOC.decode(_read(p))
-    except FileNotFoundError:
-        raise ShapeError(f"{p}: no such file") from None
-    except (OSError, EOFError, msgspec.MsgspecError, ValueError) as e:
-        raise ShapeError(f"{p.name}: unreadable trace ({type(e).__name__}: {e})") from None
+    doc = _load(path)
     events = [_Op(e.name, e.cat or "", e.pid, e.tid, float(e.ts), float(e.dur), e.args)
               for e in doc.traceEvents or ()
               if e.dur is not None and e.ts is not None and e.name and e.cat in _CATEGORIES]
@@ -394,14 +399,7 @@ def inplace_add_rate(path: str | Path) -> InplaceAddRate | None:
     of the same dims and float type of at least INPLACE_ADD_MIN_BYTES (memory-bound: the
     optimizer's, a gradient accumulated). None for a GPU trace, a trace without recorded
     shapes, or no such call. Raises ShapeError when the file cannot be read."""
-    p = Path(path)
-    try:
-        doc = _DOC.decode(_read(p))
-    except FileNotFoundError:
-        raise ShapeError(f"{p}: no such file") from None
-    except (OSError, EOFError, msgspec.MsgspecError, ValueError) as exc:
-        raise ShapeError(f"{p.name}: unreadable trace ({type(exc).__name__}: {exc})") from None
-    events = doc.traceEvents or ()
+    events = _load(path).traceEvents or ()
     if any(ev.cat == "kernel" for ev in events):
         return None  # on a GPU the host's add_ only launches a kernel
     spans = [(float(ev.ts), float(ev.ts) + float(ev.dur)) for ev in events
