@@ -53,12 +53,13 @@ def test_a_rank_that_holds_320_mib_more_is_found_and_the_fix_clears_it(tmp_path:
     top = found[0]
     assert top["ranks"] == [1], top
     rss = {r["rank"]: r["memory"]["rss_peak"] for r in problem["ranks"]}
-    # 320 MiB planted. Measured: rank 1 over rank 0 by 265 to 354 MiB in 6 recordings of the
-    # problem (a clean-clone suite run gave the 354, a full suite run on 2 busy cores the
-    # 265), and the ranks of the fixed job apart by -31 to +19 MiB in 4 (their RSS differs
-    # by that much with nothing planted); bounded at 64 MiB (20%): over every miss
+    # 320 MiB planted. Measured: rank 1 over rank 0 by 265 to 385 MiB in 7 recordings of the
+    # problem (a clean-clone suite run gave 354, full suite runs on 2 busy cores 265 and
+    # 385: its steady RSS 385 MiB apart too, the allocator keeping more on the rank that
+    # holds more), and the ranks of the fixed job apart by -31 to +19 MiB in 4 (their RSS
+    # differs by that much with nothing planted); bounded at 96 MiB (30%): over every miss
     # measured, far from a broken figure (0 or 640 MiB)
-    assert abs(rss[1] - rss[0] - 320 * MIB) <= 64 * MIB, rss
+    assert abs(rss[1] - rss[0] - 320 * MIB) <= 96 * MIB, rss
     assert "the same on every rank" in " ".join(top["evidence"])
     # a CPU-only job records its allocations by default: its activations are known
     assert all(r["memory"]["peak"]["activations"] for r in problem["ranks"]), problem["ranks"][0]["memory"]
