@@ -384,9 +384,9 @@ def accumulating_backward(a: Analysis, inputs: Inputs) -> tuple[rp.Accumulate, s
     A rank counts when, in the window, no AccumulateGrad added into a gradient already
     there (each was None: freed by ``zero_grad(set_to_none=True)``; ``Model.grad_adds``).
     Its add: the trainable parameters' bytes (meta.json) at the rate of the job's own
-    in-place adds of same-shaped tensors of 1 MiB or more in the window (the optimizer's
-    ``param.add_``; ``gemm_shapes.inplace_add_rate``); without such adds neither term is
-    counted. Its faults, when its backward faulted about as often in every counted step
+    in-place adds of same-shaped tensors of 1 MiB or more in the window (SGD's
+    ``param.add_``, Adam's ``exp_avg.lerp_``; ``gemm_shapes.inplace_add_rate``); without
+    such calls neither term is counted. Its faults, when its backward faulted about as often in every counted step
     (steps.jsonl ``bwd_faults``: the quarter of steps that fault least at half the median
     or more): up to the pages of the trainable parameters, at the cost measured after the
     job (factors/faults.json; ``summary.FAULT_US``, labelled an assumption, when not

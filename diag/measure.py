@@ -510,7 +510,10 @@ def _measure(run: rundir.RunDir, cmd: Sequence[str], host: str, mine: Sequence[i
         on_cpu = [r for r in mine if (m := metas.get(r)) is not None and m.device is not None
                   and m.device.type == "cpu"]
         faulted = max(((f, r) for r in on_cpu if (f := backward_faults(run, r)) is not None), default=None)
-        if not on_cpu:
+        if lowest is None or lowest not in mine:  # one node measures, as for the other factors
+            out["faults"] = _status(None, "no rank of this node" if lowest is None
+                                    else f"rank {lowest}'s node measures it")
+        elif not on_cpu:
             out["faults"] = _status(None, "no rank of this node trained on a CPU")
         elif faulted is None or faulted[0] < FAULTS_MIN:
             out["faults"] = _status(None, f"backward page-faulted fewer than {FAULTS_MIN} times per step"

@@ -70,14 +70,15 @@ def test_a_missing_or_damaged_file_is_no_factor_and_says_why(tmp_path: Path, con
     assert r.value is None and r.reason == why
 
 
-def _rank(run: rundir.RunDir, device: str, bwd_faults: float | None) -> None:
-    run.rank_dir(0).mkdir(parents=True, exist_ok=True)
-    run.meta(0).write_text(json.dumps({"format": rundir.META_FORMAT, "format_version": rundir.META_VERSION, "rank": 0,
-                                       "world_size": 1, "host": "node0", "device": {"type": device}}))
+def _rank(run: rundir.RunDir, device: str, bwd_faults: float | None, rank: int = 0) -> None:
+    run.rank_dir(rank).mkdir(parents=True, exist_ok=True)
+    run.meta(rank).write_text(json.dumps({"format": rundir.META_FORMAT, "format_version": rundir.META_VERSION,
+                                          "rank": rank, "world_size": 1, "host": f"node{rank}",
+                                          "device": {"type": device}}))
     extra = {} if bwd_faults is None else {"faults": bwd_faults + 10, "bwd_faults": bwd_faults}
     lines = [{"v": 2, "step": i, "t_end_ns": None, "dur_us": 50000.0, "pardiag_us": 0.0, "source": "optimizer",
               **extra} for i in range(8)]
-    run.steps(0).write_text("".join(json.dumps(x) + "\n" for x in lines))
+    run.steps(rank).write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
 @pytest.mark.parametrize("device, bwd_faults, reason", [
@@ -97,3 +98,12 @@ def test_measured_after_the_job_where_a_cpu_ranks_backward_faulted_in_every_step
     else:
         assert got["faults"] == {"status": "skipped", "reason": reason}
         assert not run.faults_factor.exists()
+
+
+def test_of_two_nodes_the_lowest_ranks_measures(tmp_path: Path) -> None:
+    run = rundir.RunDir(tmp_path)
+    _rank(run, "cpu", 8160.0, rank=0)
+    _rank(run, "cpu", 8160.0, rank=1)
+    got = measure.measure_after_job(run, [sys.executable, "train.py"], "node1", [1], 0, os.environ, quiet=True)
+    assert got["faults"] == {"status": "skipped", "reason": "rank 0's node measures it"}
+    assert not run.faults_factor.exists()
