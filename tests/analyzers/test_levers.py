@@ -68,13 +68,13 @@ def test_dataloader_from_all_steps() -> None:
     assert "dataloader" not in levers(quiet)
 
 
-def _loader_advice(workers: int, cpus: int, local_ranks: int, name: str | None = None) -> Any:
+def _loader_advice(workers: int, cpus: int, local_ranks: int, name: str | None = None, device: str = "cuda") -> Any:
     host = {"step": 100_000.0, "dataloader": 30_000.0}
     fw: dict[str, Any] = {"dataloaders": [{"num_workers": workers, "pin_memory": True, "persistent_workers": True,
                                            "batch_size": 32}], "threads": {"sched_affinity": cpus}}
     if name:
         fw.update(name=name, loaded={})
-    return levers(analysis([rank(i, compute=0.7, host=host) for i in range(local_ranks)], fw))["dataloader"]
+    return levers(analysis([rank(i, compute=0.7, host=host, device=device) for i in range(local_ranks)], fw))["dataloader"]
 
 
 @pytest.mark.parametrize("name, key", [(None, "num_workers"), ("transformers", "dataloader_num_workers")])
@@ -98,6 +98,22 @@ def test_dataloader_with_every_cpu_already_a_worker() -> None:
     # 2 workers with 16 CPUs for one rank: twice as many, 90% of the 30% wait hidden
     f = _loader_advice(2, 16, 1)
     assert "num_workers=4" in f.action["code"] and f.est_saving_pct == 27.0 and f.severity == "high"
+
+
+def test_more_workers_than_a_ranks_cpus_are_said_to_share_them() -> None:
+    # 30% wait: ceil(0.3 / 0.7) + 1 = 2 workers. With 2 CPUs per rank they fit: nothing
+    # said; with 1 CPU per rank (2 ranks on 2 CPUs) the 2 workers share it with the rank
+    def shared(f: Any) -> list[str]:
+        return [e for e in f.evidence if "they load on the CPUs the rank computes on" in e]
+
+    assert shared(_loader_advice(0, 4, 2, device="cpu")) == []
+    f = _loader_advice(0, 2, 2, device="cpu")
+    (line,) = shared(f)
+    assert line.startswith("2 workers per rank on 1 CPU per rank: ")
+    assert f.est_saving_pct == 27.0  # said, not estimated
+    # no saving claimed (every CPU already a worker), or a GPU job: nothing said
+    assert shared(_loader_advice(16, 16, 4, device="cpu")) == []
+    assert shared(_loader_advice(0, 2, 2)) == []
 
 
 def test_mixed_precision_on_gpu_only_without_autocast() -> None:
