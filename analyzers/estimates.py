@@ -354,7 +354,7 @@ def plan(f: Finding, a: Analysis, inputs: Inputs) -> Plan | None:
     if lever == "gradient_accumulation":
         k = GRADIENT_ACCUMULATION_STEPS
         words = (f"gradient all-reduces and the optimizer once per {k} micro-batches",)
-        mem = accumulating_backward(a, inputs)
+        mem = accumulating_backward(a, inputs, k)
         if mem is None:
             return Plan((rp.Accumulate(k),), words, ())
         edit, said, facs = mem
@@ -374,12 +374,13 @@ def plan(f: Finding, a: Analysis, inputs: Inputs) -> Plan | None:
     return None
 
 
-def accumulating_backward(a: Analysis, inputs: Inputs) -> tuple[rp.Accumulate, str, tuple[Factor, ...]] | None:
+def accumulating_backward(a: Analysis, inputs: Inputs,
+                          k: int) -> tuple[rp.Accumulate, str, tuple[Factor, ...]] | None:
     """How backward changes in the micro-batches that accumulate, on CPU ranks whose
-    gradients were taken afresh in every step: the Accumulate edit with, per rank, the
-    time its backward spent faulting that memory in (which they do not) and the time
-    adding each new gradient into the one already there costs (which the step did not
-    have); in words; the factors. None where no rank shows it or the add cannot be timed.
+    gradients were taken afresh in every step: the Accumulate edit (``k`` micro-batches)
+    with, per rank, the time its backward spent faulting that memory in (which they do
+    not) and the time adding each new gradient into the one already there costs (which the
+    step did not have); in words; the factors. None where no rank shows it or the add cannot be timed.
 
     A rank counts when, in the window, no AccumulateGrad added into a gradient already
     there (each was None: freed by ``zero_grad(set_to_none=True)``; ``Model.grad_adds``).
@@ -401,7 +402,7 @@ def accumulating_backward(a: Analysis, inputs: Inputs) -> tuple[rp.Accumulate, s
     a median of -5.3 points with neither term (|error| 5.3, 6 within 5 points), +1.5 with
     the faults alone (3.8, 12) and -3.1 with both (3.9, 11): the faults alone look better
     and leave out a cost the fixed job's trace shows in every accumulating micro-batch."""
-    from pardiag.analyzers.summary import FAULT_US, FRESH_PAGES_MIN_STEPS, FRESH_PAGES_STEADY, PAGE_BYTES
+    from pardiag.analyzers.summary import FAULT_US, PAGE_BYTES, steady_faults
 
     model, rate = inputs.model, inputs.add_rate
     if model is None or rate is None or not a.ranks or any(r.device_type != "cpu" for r in a.ranks):
@@ -421,10 +422,8 @@ def accumulating_backward(a: Analysis, inputs: Inputs) -> tuple[rp.Accumulate, s
         if not calls or added:
             continue
         adds.append((r, add))
-        per = sorted(v for x in inputs.step_records.get(r, ()) if counted(x)
-                     and (v := x.get("backward_page_faults")) is not None)
-        f = statistics.median(per) if len(per) >= FRESH_PAGES_MIN_STEPS else 0.0
-        if f > 0 and per[len(per) // 4] >= FRESH_PAGES_STEADY * f:
+        f = steady_faults(inputs.step_records.get(r, ()), "backward_page_faults")
+        if f is not None:
             pages = min(f, trainable / PAGE_BYTES)
             faults.append((r, pages * us_each))
             said.append(f"rank {r} {pages:,.0f}")
@@ -440,7 +439,6 @@ def accumulating_backward(a: Analysis, inputs: Inputs) -> tuple[rp.Accumulate, s
         facs += ((Factor("page fault of fresh memory", cost.us, "us", cost.source.removeprefix("measured: "), True)
                   if cost is not None else
                   Factor("page fault of fresh memory", FAULT_US, "us", "assumed: not measured after the job", False)),)
-    k = GRADIENT_ACCUMULATION_STEPS
     return rp.Accumulate(k, refault_us=tuple(faults), add_us=tuple(adds)), words, facs
 
 

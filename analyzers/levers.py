@@ -611,7 +611,7 @@ def _fresh_memory_caveat(ctx: RuleContext) -> list[str]:
     comm_bound scenario's problem runs faulted 2,094 times per step and its fixed runs
     2,094 times per 4 micro-batches (three recordings each; 8,160 and 8,160 in later
     ones): the fix faults a quarter as often per micro-batch. Where the replay can tell
-    the faults are the gradients' (`estimates.refaults`) it counts them and drops this
+    the faults are the gradients' (`estimates.accumulating_backward`) it counts them and drops this
     caveat; it stays where it cannot (no replay, unsteady faults, gradients added into)."""
     if not ctx.ranks or any(r.device_type != "cpu" for r in ctx.ranks):
         return []

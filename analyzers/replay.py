@@ -125,7 +125,8 @@ class Model:
     """rank -> (autograd's AccumulateGrad calls in the window, those that added into a
     gradient already there: an ``aten::add``/``add_`` inside). None added: every
     gradient was None when backward reached it (freed by ``zero_grad(set_to_none=True)``),
-    and backward's output became the gradient, memory taken afresh in every step."""
+    and backward's output became the gradient, memory taken afresh in every step. Ranks
+    with a GPU trace are not read (their gradients are device memory)."""
 
     def main_stream(self, rank: int) -> list[int]:
         return self.streams[(rank, "host")]
@@ -516,7 +517,8 @@ class _RankBuilder:
                        coll_nodes, kernel_nodes)
         self._wire_issue(coll_nodes, kernel_nodes)
         self.coll_nodes, self.kernel_nodes = coll_nodes, array("q", kernel_nodes.values())
-        self.m.grad_adds[self.rank] = self._grad_adds(host_tids, in_win)
+        if not gpu_run:  # (read by the accumulation estimate on CPUs only)
+            self.m.grad_adds[self.rank] = self._grad_adds(host_tids, in_win)
 
     def _grad_adds(self, tids: list[int], mask: np.ndarray) -> tuple[int, int]:
         """(AccumulateGrad calls in the window, those with an add inside), on ``tids``."""

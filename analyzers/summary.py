@@ -186,12 +186,24 @@ def fault_words(inf: Inflation) -> str:
 
 
 FRESH_PAGES_SHARE = 0.10  # of the rank's median step, at FAULT_US per fault: from here a CPU job's steady faults are said
-FAULT_US = 1.2  # what a minor fault of fresh memory costs, about: for the threshold only (fresh_pages_words)
+FAULT_US = 1.2  # what a minor fault of fresh memory costs, about: fresh_pages_words' threshold, and the
+# accumulation estimate's cost per fault, labelled assumed, where none was measured after the job
 FRESH_PAGES_STEADY = 0.5  # the quarter of steps that faulted least faulted at least this share of the median
 FRESH_PAGES_MIN_STEPS = 5
 FRESH_PAGES_RSS_GROWTH = 0.05  # resident memory grows less than this over the later half of the counted steps
 # (the first ones still grow: comm_bound's rank went from 477 to 610 MB over its first 3, then stayed)
 PAGE_BYTES = 4096  # a minor fault brings in one page
+
+
+def steady_faults(records: Sequence[StepRecord], signal: str = "page_faults") -> float | None:
+    """The median of ``signal`` (page faults) over the rank's counted steps when it faults
+    about as often in every one of them: at least FRESH_PAGES_MIN_STEPS steps, the quarter
+    that fault least at FRESH_PAGES_STEADY of the median or more; else None (0 faults too)."""
+    faults = sorted(v for x in records if counted(x) and (v := x.get(signal)) is not None)
+    if len(faults) < FRESH_PAGES_MIN_STEPS:
+        return None
+    f = median(faults) or 0.0
+    return f if f > 0 and faults[len(faults) // 4] >= FRESH_PAGES_STEADY * f else None
 
 
 def fresh_pages_words(ranks: Sequence[RankResult], step_records: StepRecords) -> str | None:
@@ -219,14 +231,13 @@ def fresh_pages_words(ranks: Sequence[RankResult], step_records: StepRecords) ->
     said: list[tuple[int, float, float]] = []
     for r in sorted(step_records):
         recs = [x for x in step_records[r] if counted(x)]
-        faults = sorted(v for x in recs if (v := x.get("page_faults")) is not None)
+        f = steady_faults(recs)
         steps = [x.dur_us for x in recs if x.dur_us]
         rss = [v for x in recs if (v := x.get("rss_mb")) is not None]
-        if len(faults) < FRESH_PAGES_MIN_STEPS or not steps or len(rss) < 2:
+        if f is None or not steps or len(rss) < 2:
             continue
-        f, step = median(faults) or 0.0, median(steps) or 0.0
-        quarter = faults[len(faults) // 4]
-        if (f <= 0 or step <= 0 or quarter < FRESH_PAGES_STEADY * f or f * FAULT_US < FRESH_PAGES_SHARE * step
+        step = median(steps) or 0.0
+        if (step <= 0 or f * FAULT_US < FRESH_PAGES_SHARE * step
                 or max(tail := rss[len(rss) // 2:]) > (1 + FRESH_PAGES_RSS_GROWTH) * min(tail)):
             continue
         said.append((r, f, step))

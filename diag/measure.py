@@ -509,7 +509,8 @@ def _measure(run: rundir.RunDir, cmd: Sequence[str], host: str, mine: Sequence[i
                 say(f"DataLoader hand-over not measured: {doc.get('reason')}")
         on_cpu = [r for r in mine if (m := metas.get(r)) is not None and m.device is not None
                   and m.device.type == "cpu"]
-        faulted = max(((f, r) for r in on_cpu if (f := backward_faults(run, r)) is not None), default=None)
+        faulted = (max(((f, r) for r in on_cpu if (f := backward_faults(run, r)) is not None), default=None)
+                   if lowest is not None and lowest in mine else None)
         if lowest is None or lowest not in mine:  # one node measures, as for the other factors
             out["faults"] = _status(None, "no rank of this node" if lowest is None
                                     else f"rank {lowest}'s node measures it")
