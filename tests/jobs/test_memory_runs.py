@@ -1,6 +1,8 @@
 """Memory by category on real 2-rank jobs (gloo, CPU): every category of a job counted
-by hand (tests/scripts/memory_job.py), and the planted imbalance (examples/scenarios/
-memory_hog.py: rank 1 keeps 320 MiB) found with its size, then gone with the fix."""
+by hand (tests/scripts/memory_job.py), the planted imbalance (examples/scenarios/
+memory_hog.py: rank 1 keeps 320 MiB) found with its size, then gone with the fix, memory
+taken fresh in every step, and what accumulating does to backward's memory in the
+gradient-accumulation estimate."""
 
 from __future__ import annotations
 
@@ -81,3 +83,42 @@ def test_memory_taken_fresh_in_every_step_is_noticed(tmp_path: Path) -> None:
     assert said.startswith("memory taken fresh in every step: rank 0 16,385 times in its "), said
     assert "ms step (64 MB), its resident memory flat (steps.jsonl)" in said
     assert notices("kept", "--keep") == []
+
+
+def test_the_accumulation_estimate_reads_the_jobs_own_adds_and_the_measured_fault(tmp_path: Path) -> None:
+    """comm_bound under `pardiag run` as users run it (factors measured after the job): the
+    gradient-accumulation estimate carries the in-place add rate of rank 0's own trace and,
+    where a rank's backward faulted about as often in every counted step, the cost of a
+    fault measured after the job (factors/faults.json). Both worked out here from the
+    run's files, apart from the estimate."""
+    import statistics
+
+    from pardiag.analyzers.gemm_shapes import inplace_add_rate
+
+    run = tmp_path / "acc"
+    res = run_pardiag("run", "-q", "--out", str(run), "--",
+                      *torchrun(2, REPO / "examples" / "scenarios" / "comm_bound.py", "--steps", "20"), measure=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    doc = json.loads(run_pardiag("analyze", str(run), "--json").stdout)
+    (f,) = [f for f in doc["findings"] if f["lever"] == "gradient_accumulation"]
+    est = f["estimate"]
+    assert est["method"] == "replay", est
+    factors = {x["name"]: x for x in est["factors"]}
+    trace = next((run / "ranks" / "0").glob("trace.json*"))
+    rate = inplace_add_rate(trace)
+    assert rate is not None and rate.calls >= 3  # the optimizer adds the two 2048x2048 weights, every step
+    assert factors["in-place add"]["value"] == pytest.approx(rate.us_per_byte * MIB, abs=1e-3)
+    assert factors["in-place add"]["measured"] is True
+
+    def steady(rank: int) -> bool:  # every counted step (after the first two) faults within 2x of the median
+        rows = [json.loads(l) for l in (run / "ranks" / str(rank) / "steps.jsonl").read_text().splitlines()]
+        vals = sorted(r["bwd_faults"] for r in rows[2:] if "bwd_faults" in r and not r.get("profiler"))
+        return bool(vals) and statistics.median(vals) > 0 and vals[len(vals) // 4] >= statistics.median(vals) / 2
+
+    measured = json.loads((run / "factors" / "faults.json").read_text())
+    assert measured["status"] == "ok" and measured["bytes"] == 16 * MIB
+    if any(steady(r) for r in (0, 1)):
+        assert factors["page fault of fresh memory"]["value"] == pytest.approx(measured["us_per_fault"], abs=1e-3)
+        assert not [e for e in f["evidence"] if e.startswith("each step page-faults")]  # counted, not a caveat
+    else:
+        assert "page fault of fresh memory" not in factors
