@@ -259,6 +259,9 @@ class LoaderHandover:
     us: float
     shape: tuple[int, ...]
     source: str  # in words, for evidence
+    cpu_us: float | None = None  # the CPU time loading in workers adds to the host per batch (None: not measured)
+    cpu_source: str = ""  # in words, for evidence
+    loop_cpu_us: float = 0.0  # of cpu_us, the loop's own per batch (taking it from a worker)
 
 
 def read_loader(run_dir: str | Path) -> Read[LoaderHandover]:
@@ -270,9 +273,18 @@ def read_loader(run_dir: str | Path) -> Read[LoaderHandover]:
     if us is None or us < 0 or not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
         return Read(None, "loader.json: unreadable (no hand-over time or shape)")
     dims = "x".join(str(d) for d in shape)
+    cpu = _opt_float(doc.get("cpu_us"))
+    loop, workers, inline = (_opt_float(doc.get(k)) for k in ("loop_cpu_us", "workers_cpu_us", "inline_cpu_us"))
+    cpu_source = ""
+    if cpu is not None and cpu >= 0 and loop is not None and workers is not None and inline is not None:
+        cpu_source = (f"measured: {doc.get('workers') or 'the'} DataLoader workers collating {dims} batches on this "
+                      f"host after the job burned {workers / 1e3:.2f} ms of CPU per batch and the loop "
+                      f"{loop / 1e3:.2f} ms taking each, against {inline / 1e3:.2f} ms to make one in the loop "
+                      f"(mean of {doc.get('samples') or '?'})")
     return Read(LoaderHandover(us, tuple(shape), f"measured: a {dims} {doc.get('dtype') or ''} batch handed over by "
                                                  f"{doc.get('workers') or 'a'} DataLoader workers on this host after "
-                                                 f"the job (median of {doc.get('samples') or '?'} batches)"))
+                                                 f"the job (median of {doc.get('samples') or '?'} batches)",
+                               cpu if cpu_source else None, cpu_source, loop if cpu_source and loop is not None else 0.0))
 
 
 def loader_handover(run_dir: str | Path) -> LoaderHandover | None:

@@ -66,7 +66,7 @@ class StepCounters:
     """Host-side timings accumulated between two step boundaries. The collector writes
     the ones named in `pardiag.step_records.SIGNALS` to steps.jsonl."""
 
-    __slots__ = ("data_ns", "data_calls", "bwd_ns", "backwards", "fwd_ns", "forwards", "no_sync_forwards", "opt_ns",
+    __slots__ = ("data_ns", "data_cpu_ns", "data_calls", "bwd_ns", "backwards", "fwd_ns", "forwards", "no_sync_forwards", "opt_ns",
                  "faults", "bwd_faults", "faults_seen", "in_elems",
                  "gc_ns", "gcs", "gc_seen", "cpu_ns", "cpu_seen", "pcpu_ns", "pcpu_seen", "runq_ns", "runq_seen", "nivcsw", "nivcsw_seen",
                  "rss_mb", "rss_seen", "act_bytes", "act_seen", "dev_alloc_bytes", "dev_alloc_seen")
@@ -76,6 +76,7 @@ class StepCounters:
 
     def reset(self) -> None:
         self.data_ns = 0
+        self.data_cpu_ns = 0  # the training thread's CPU time inside those calls (the loading it does itself)
         self.data_calls = 0
         self.bwd_ns = 0
         self.backwards = 0
@@ -267,14 +268,15 @@ class Framework:
 
         counters = self.counters
 
-        def before_next(_it: Any, _a: tuple, _k: dict) -> int:
-            return time.perf_counter_ns()
+        def before_next(_it: Any, _a: tuple, _k: dict) -> tuple[int, int]:
+            return time.perf_counter_ns(), time.thread_time_ns()
 
-        def after_next(_it: Any, t0: int) -> None:
-            counters.data_ns += time.perf_counter_ns() - t0
+        def after_next(_it: Any, t: tuple[int, int]) -> None:
+            counters.data_cpu_ns += time.thread_time_ns() - t[1]
+            counters.data_ns += time.perf_counter_ns() - t[0]
             counters.data_calls += 1
             if self.first_activity_ns is None:
-                self.first_activity_ns = t0
+                self.first_activity_ns = t[0]
 
         def before_iter(loader: Any, _a: tuple, _k: dict) -> None:
             self._record_loader(loader)

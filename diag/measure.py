@@ -292,7 +292,9 @@ def measure_loader(run: rundir.RunDir, rank: int, meta: RankMeta | None, python:
     else:
         doc = _loader_doc("ok", None, **base, handover_us=float(us), p90_us=result.get("p90_us"),
                           inline_us=result.get("inline_us"), samples=result.get("samples"),
-                          workers=result.get("workers"), torch=result.get("torch"))
+                          workers=result.get("workers"), torch=result.get("torch"),
+                          cpu_us=result.get("cpu_us"), loop_cpu_us=result.get("loop_cpu_us"),
+                          workers_cpu_us=result.get("workers_cpu_us"), inline_cpu_us=result.get("inline_cpu_us"))
     _write(run.loader_factor, doc)
     return doc
 
@@ -504,7 +506,9 @@ def _measure(run: rundir.RunDir, cmd: Sequence[str], host: str, mine: Sequence[i
             doc = measure_loader(run, lowest, metas.get(lowest), python, environ)
             out["loader"] = _status(doc)
             if doc.get("status") == "ok":
-                say(f"a worker hands over a batch of {tuple(doc['shape'])} in {doc['handover_us'] / 1e3:.2f} ms")
+                cpu = doc.get("cpu_us")
+                say(f"a worker hands over a batch of {tuple(doc['shape'])} in {doc['handover_us'] / 1e3:.2f} ms"
+                    + (f"; workers add {cpu / 1e3:.2f} ms of CPU per batch" if isinstance(cpu, (int, float)) else ""))
             else:
                 say(f"DataLoader hand-over not measured: {doc.get('reason')}")
         on_cpu = [r for r in mine if (m := metas.get(r)) is not None and m.device is not None

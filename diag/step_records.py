@@ -18,6 +18,7 @@ A version-2 line::
     {"v": 2, "step": 7, "t_end_ns": ..., "dur_us": 812.5, "pardiag_us": 3.1,
      "pardiag_cpu_us": 2.9,                             # its CPU time (pardiag's own work)
      "source": "optimizer", "data_us": ..., "bwd_us": ..., "backwards": 1,
+     "data_cpu_us": ..., "data_calls": 1,               # only when the loop fetched input
      "opt_us": ..., "fwd_us": ..., "forwards": 1,       # only when observed
      "faults": 2051, "bwd_faults": 2040,                # minor page faults (Unix)
      "in_elems": 4096, "gc_us": 0.0, "gcs": 0,          # host signals (host_signals.py),
@@ -75,6 +76,11 @@ SIGNALS: tuple[Signal, ...] = (
            colour="#2f5f9e", cause="backward", holds_wait=True),
     Signal("optimizer", "opt_us", "opt_ns", "the lead optimizer's step() (runtime.py hooks)", "us", True,
            colour="#d9a53a", cause="optimizer"),
+    Signal("dataloader_cpu", "data_cpu_us", "data_cpu_ns", "CPU time of the training thread inside the DataLoader "
+           "iterator's __next__ (thread_time, framework.py): the loading the loop does itself", "us", False,
+           observed_by="data_calls"),
+    Signal("dataloader_calls", "data_calls", "data_calls", "DataLoader __next__ calls in the step (framework.py)",
+           "count", False, observed_by="data_calls"),
     Signal("backwards", "backwards", "backwards", "backward calls in the step (framework.py)", "count", False),
     Signal("forwards", "forwards", "forwards", "DDP forward calls in the step (framework.py)", "count", False,
            observed_by="forwards"),

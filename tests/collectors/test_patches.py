@@ -108,6 +108,31 @@ def test_a_loader_built_with_a_batch_sampler_records_its_batch(fw) -> None:
     assert info["batch_size"] is None and info["batch_sampler_batch_size"] == 4
 
 
+def test_a_fetch_counts_the_loops_cpu_time_apart_from_its_wait(fw) -> None:
+    """Each of 3 samples sleeps 20 ms and then spins 5 ms: the fetches' wall time holds
+    both (75 ms), their CPU time the spins alone (15 ms), which is what loading in
+    workers would move onto other processes on the same cores."""
+    import time as _time
+
+    from torch.utils.data import DataLoader, Dataset
+
+    class SleepThenSpin(Dataset):
+        def __len__(self) -> int:
+            return 3
+
+        def __getitem__(self, i: int) -> int:
+            _time.sleep(0.020)
+            t = _time.thread_time() + 0.005
+            while _time.thread_time() < t:
+                pass
+            return i
+
+    assert [int(b) for b in DataLoader(SleepThenSpin(), batch_size=None)] == [0, 1, 2]
+    c = fw.counters
+    assert c.data_calls == 4 and c.data_ns >= 75e6
+    assert 15e6 <= c.data_cpu_ns < 15e6 + 10e6, c.data_cpu_ns  # the sleeps burn next to nothing
+
+
 def test_reentrant_dataloader_counts_the_outer_wait_once(fw) -> None:
     from torch.utils.data import DataLoader, Dataset
 

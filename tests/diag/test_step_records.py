@@ -129,11 +129,14 @@ def _step(c, **counters: int) -> None:  # type: ignore[no-untyped-def]
 def test_a_version_2_line_round_trips_through_the_writer_and_the_reader(tmp_path: Path, monkeypatch) -> None:
     c = _collector(tmp_path, monkeypatch)
     _step(c, data_ns=5_000, bwd_ns=40_000, backwards=1, opt_ns=7_000)
-    _step(c, data_ns=6_000, bwd_ns=41_000, backwards=1, opt_ns=8_000, fwd_ns=20_000, forwards=2)
+    _step(c, data_ns=6_000, data_cpu_ns=2_000, data_calls=1, bwd_ns=41_000, backwards=1, opt_ns=8_000,
+          fwd_ns=20_000, forwards=2)
     c.at_exit()
     lines = [json.loads(x) for x in c.run.steps(0).read_text().splitlines()]
     assert [x["v"] for x in lines] == [2, 2] and [x["source"] for x in lines] == ["optimizer", "optimizer"]
     assert "fwd_us" not in lines[0] and "forwards" not in lines[0]  # no forward seen: left out
+    assert "data_cpu_us" not in lines[0] and "data_calls" not in lines[0]  # no fetch counted: left out
+    assert (lines[1]["data_cpu_us"], lines[1]["data_calls"]) == (2.0, 1)
     assert (lines[1]["data_us"], lines[1]["bwd_us"], lines[1]["opt_us"], lines[1]["fwd_us"], lines[1]["forwards"]) == (
         6.0, 41.0, 8.0, 20.0, 2)
     recs = rundir.read_steps(c.run, 0)
