@@ -65,8 +65,8 @@ from pardiag.analyzers import factors
 from pardiag.analyzers import replay as rp
 from pardiag.analyzers.gemm_shapes import InplaceAddRate
 from pardiag.analyzers.levers import (
-    CPU_BF16_SPEEDUP, FRESH_CAVEAT_HEAD, GRADIENT_ACCUMULATION_STEPS, PRECISION_SPEEDUP, SAVING_LOW, rank_key,
-    straggler_saving_us)
+    CPU_BF16_SPEEDUP, FRESH_CAVEAT_HEAD, GRADIENT_ACCUMULATION_STEPS, PRECISION_SPEEDUP, SAVING_LOW, WORKERS_SHARE_SAID,
+    rank_key, straggler_saving_us)
 from pardiag.analyzers.steps import job_step_times_us
 from pardiag.step_records import StepRecord, counted, signal
 
@@ -496,8 +496,11 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
         basis = "saving relative to the replayed window's median step (no step records)"
     err = round(100 * base.error, 1)
     cpu = cpu_floor_inputs(a, inputs.step_records) if counted_steps else None
+    load = worker_load(a, inputs.step_records, inputs.loader) if counted_steps else None
     job_u = statistics.median(counted_steps) if counted_steps else u  # the job's own step, unprofiled
     floors: list[str] = []
+    shared: list[str] = []  # the workers' share of the cores, in words, when it lengthened the step
+    shared_step: list[float] = []  # ... and the step it gave
 
     def saving(edits: Sequence[rp.Edit], scale: float = 1.0, extra_us: float = 0.0,
                deflate: float | None = None) -> tuple[float, float, float]:
@@ -518,7 +521,13 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
             left = statistics.median(job_steps(rp.replay(quiet[0], edits)).values())
             removed = u - left * deflate + extra_us
             in_window = b - left
-        floor = cpu.floor_us(edits) if cpu is not None else None
+        if load is not None and own_step and any(isinstance(e, rp.RemoveInputWait) and e.workers for e in edits):
+            slowed = load.slowed(u - removed, alone=all(isinstance(e, rp.RemoveInputWait) for e in edits))
+            if slowed is not None:
+                shared.append(slowed[1])
+                removed = u - slowed[0]
+                shared_step.append(slowed[0])
+        floor = cpu.floor_us(edits, load) if cpu is not None else None
         straggler = any(isinstance(e, rp.Straggler) for e in edits)
         if cpu is not None and floor is not None and own_step and u - removed < floor:
             floors.append(cpu.words(floor, u - removed, straggler, cpu.kept_busy(edits)))
@@ -533,6 +542,8 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
         return (min(max(0.0, removed / u), 1.0) if u > 0 else 0.0), projected, in_window
 
     findings: list[Finding] = []
+    notes: list[Notice] = []  # why a finding was dropped
+    dropped: set[str] = set()
     all_edits: list[rp.Edit] = []
     all_extra = 0.0  # what the cause scaling of each finding adds to the time removed
     deflate: float | None = None  # a straggler's: all of the edits at once leave the peers' work too
@@ -543,6 +554,8 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
             findings.append(f if f.est_saving_pct is None else replace(f, estimate=_share_estimate(f, None)))
             continue
         floors.clear()
+        shared.clear()
+        shared_step.clear()
         scaled = cause_scale(inputs.step_records, p.cause, p.ranks) if p.cause and own_step else None
         scale = scaled[0] if scaled else 1.0
         inflation = peer_inflation(a, inputs.step_records, f.ranks) if f.lever in PEERS_WORK and own_step else None
@@ -561,7 +574,8 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
             all_extra += (blended - s) * u
             window_s, s = s, blended
         pct = round(100 * s, 1)
-        fac = list(p.factors) + ([cpu.factor()] if floors and cpu is not None else [])
+        fac = list(p.factors) + (list(load.factors()) if shared and load is not None else []) + (
+            [cpu.factor()] if floors and cpu is not None else [])
         if scaled:
             fac.append(Factor("the cause over the job's steps against the window's", scale, "x", scaled[1], True))
             all_extra += in_window * (scale - 1)
@@ -580,16 +594,25 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
                    f"that is {100 * window_s:.1f}% over the window's {len(base_steps)} profiled steps; over the job's "
                    f"{len(counted_steps)} counted steps, its step ({u / 1e3:.1f} ms) less the others' wait for "
                    f"{'rank' if len(f.ranks) == 1 else 'ranks'} {', '.join(map(str, f.ranks))} ({held[0] / 1e3:.1f} ms) "
-                   f"is {100 * held[0] / u:.1f}% shorter: the estimate is the mean of the two"] if held else []) + floors[:1] + (
+                   f"is {100 * held[0] / u:.1f}% shorter: the estimate is the mean of the two"] if held else []) + shared[:1] + floors[:1] + (
                    [f"the time it removes from the window ({in_window / 1e3:.1f} ms per step) scaled by {scale:.3g}: "
                     f"{scaled[1]}"] if scaled else []),
                "factors": [x.to_dict() for x in fac],
                "window_step_us": round(b, 1), "projected_window_step_us": round(e, 1),
                "job_step_us": round(u, 1),
-               "bound": floors[0] if floors else None}  # what held the saving down (the host's cores), in words
+               "bound": floors[0] if floors else (shared[0] if shared else None)}  # what held the saving down (the host's cores), in words
+        if f.lever == "dataloader" and shared and s < SAVING_LOW:
+            why = shared[0].split(": ", 1)[-1]
+            notes.append(Notice("info", f"more DataLoader workers not advised: with them a step would take "
+                                        f"{shared_step[0] / 1e3:.1f} ms against {u / 1e3:.1f} now ({why}): the "
+                                        "loading would move to processes on the same cores"))
+            dropped.add(f.lever)
+            continue
         sev = "low" if s < SAVING_LOW else f.severity
         if any(isinstance(x, rp.Accumulate) and x.refault_us for x in p.edits):  # the caveat is counted now
             f = replace(f, evidence=[x for x in f.evidence if not x.startswith(FRESH_CAVEAT_HEAD)])
+        if load is not None and own_step and any(isinstance(x, rp.RemoveInputWait) and x.workers for x in p.edits):
+            f = replace(f, evidence=[x for x in f.evidence if WORKERS_SHARE_SAID not in x])  # counted now too
         findings.append(replace(f, est_saving_pct=pct, severity=sev, estimate=est))
         all_edits.extend(p.edits)
         if job_step > 0:
@@ -604,7 +627,7 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
             together = None
     if together is not None:
         replayed = {x.lever for x in rows}
-        share_rows = [r for r in (what.findings if what else []) if r.lever not in replayed]
+        share_rows = [r for r in (what.findings if what else []) if r.lever not in replayed | dropped]
         what = WhatIf(step_us=job_step, findings=rows + share_rows, all_step_us=job_step * (1 - together),
                       all_saving_pct=round(100 * together, 1),
                       assumption="replayed: the window re-timed with every finding's change at once "
@@ -612,8 +635,9 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
                                      "; findings without a replay form left out of the total" if share_rows else ""),
                       method="replay", replay_error_pct=err, refused=None)
     elif what is not None:
-        what = replace(what, method="share", replay_error_pct=err, refused=None)
-    return replace(a, findings=findings, what_if=what, critical_path=crit)
+        what = replace(what, method="share", replay_error_pct=err, refused=None,
+                       findings=[r for r in what.findings if r.lever not in dropped])
+    return replace(a, findings=findings, what_if=what, critical_path=crit, notices=list(a.notices) + notes)
 
 
 def _refuted(a: Analysis, inputs: Inputs) -> Analysis:
@@ -720,17 +744,22 @@ class CpuFloor:
         b = self.busy_share(self.busiest()[0] if host is None else host)
         return b if b >= BUSY_CORES else None
 
-    def floor_us(self, edits: Sequence[rp.Edit]) -> float | None:
+    def floor_us(self, edits: Sequence[rp.Edit], load: WorkerLoad | None = None) -> float | None:
+        """The floor under the edited step; with ``load``, DataLoader workers the edits
+        start add what they burn beyond the loop's loading (already in its process's
+        CPU time) to their rank's."""
         if not edits or not all(isinstance(e, (rp.Straggler, rp.RegroupBuckets, rp.UncontendedCollectives,
                                                rp.RemoveInputWait)) for e in edits):
             return None
-        gone: dict[int, float] = {}
+        workers = load is not None and any(isinstance(e, rp.RemoveInputWait) and e.workers for e in edits)
+        gone: dict[int, float] = {
+            r: -load.added_us * load.batches.get(r, 0.0) for r in self.cpu_us} if workers and load is not None else {}
         for e in edits:
             if not isinstance(e, rp.Straggler):
                 continue
             peers = [v for r, v in self.cpu_us.items() if r != e.rank]
             if e.rank in self.cpu_us and peers:
-                gone[e.rank] = max(self.cpu_us[e.rank] - statistics.median(peers), 0.0)
+                gone[e.rank] = gone.get(e.rank, 0.0) + max(self.cpu_us[e.rank] - statistics.median(peers), 0.0)
         return max((sum(self.cpu_us[r] - gone.get(r, 0.0) for r in ranks) / (cores * (self.kept_busy(edits, h) or 1.0))
                     for h, (ranks, cores) in self.hosts.items()), default=None)
 
@@ -756,6 +785,123 @@ class CpuFloor:
         per = ", ".join(f"rank {r} {self.cpu_us[r] / 1e3:.1f} ms" for r in ranks)
         return Factor("CPU time per step", sum(self.cpu_us[r] for r in ranks), "us",
                       f"CPU time of each rank's process per step on host {h} ({per}; {cores} cores)", True)
+
+
+WORKERS_BUSY_SAID = 0.5
+"""The share of a host's cores the DataLoader workers would keep busy at the step after
+the fix (`WorkerLoad.slowed`) from which the estimate says the step can be longer still:
+at 26-36% (four jobs) the form missed by -2.8 to +1.5 points, at 53% by +9.1."""
+
+
+@dataclass(frozen=True)
+class WorkerLoad:
+    """What DataLoader workers put on the cores a CPU job's ranks compute on, once the
+    loading moves out of the loop: per rank and step, the CPU time its loop spent inside
+    the DataLoader's ``__next__`` (steps.jsonl ``data_cpu_us``, median over the counted
+    steps) plus what loading in workers adds per batch (collating into shared memory,
+    pickling, passing the batch: ``loader.json`` ``cpu_us``, measured after the job)
+    times its batches per step (``data_calls``).
+
+    The replay takes the workers as having cores of their own. On a CPU host they share
+    the ranks': the workers' CPU time per step on a host, W, shared by its cores, is time
+    those cores do not spend on the ranks' work, so the step after the fix is
+    ``T0 + W / cores``, T0 the replay's, at least the job's own step less its wait for
+    input plus the hand-over (``rest_us``: the profiled window can hold more loading than
+    the job's steps, and the replay would take it all away).
+
+    Measured on 2 cores, 2 ranks with the advised 7-14 workers each, over the slow_input
+    scenario (its loading 32 sleeps of 1.5 ms per batch, 1.1 ms of CPU) and three variants
+    whose samples also burn 50-100 us of CPU (2.7-4.2 ms per batch): without this the
+    estimates were 3.0 to 13.6 points over the savings measured with the fix applied;
+    with it, -2.8 to +1.5, and +9.1 where the loading burns 4.2 ms per batch. The
+    training threads' forward, backward and optimizer ran 1.3-2.2x as long as with the
+    problem, and they waited 0.9-3.7 ms per step for a core (0.1-0.7 with the problem).
+    A processor-sharing form (only the ranks' CPU work stretched, by 1 / (1 - W / (cores
+    x T))) missed by -1.7 to +3.2 and +10.6: their waits for each other stretch too."""
+
+    loading_us: Mapping[int, float]  # rank -> CPU per step its loop spent loading
+    batches: Mapping[int, float]  # rank -> batches per step
+    rest_us: Mapping[int, float]  # rank -> its step less its wait for input, the hand-over's time in
+    hosts: Mapping[str, tuple[tuple[int, ...], int]]  # host -> (its ranks, its cores)
+    added_us: float  # per batch, what loading in workers adds (0: not measured)
+    added_source: str = ""
+
+    def host_load_us(self, ranks: Sequence[int]) -> float:
+        return sum(self.loading_us[r] + self.added_us * self.batches[r] for r in ranks)
+
+    def slowed(self, t0: float, alone: bool = True) -> tuple[float, str] | None:
+        """The step after the fix, from the replay's ``t0``, with the workers sharing the
+        cores; and in words (the busiest host's). None when nothing changes. ``alone``:
+        the workers are the only change, so the job's own step less its input wait holds
+        (with other changes, that is their replay's to say)."""
+        rest = max(self.rest_us.values(), default=0.0) if alone else 0.0
+        start = max(t0, rest)
+        h, (ranks, cores) = max(self.hosts.items(), key=lambda kv: self.host_load_us(kv[1][0]) / max(kv[1][1], 1))
+        w = self.host_load_us(ranks) if cores > 0 else 0.0
+        t = start + (w / cores if cores > 0 else 0.0)
+        if t <= t0:
+            return None
+        words = (f"raised from {t0 / 1e3:.1f} to {t / 1e3:.1f} ms per step: "
+                 + (f"the job's step less its wait for input, with the hand-over, is {rest / 1e3:.1f} ms "
+                    f"(steps.jsonl){', and ' if w > 0 else ''}" if rest > t0 else "")
+                 + (f"the DataLoader workers' {w / 1e3:.1f} ms of CPU per step (the loops' own loading, steps.jsonl, "
+                    + (f"and {self.added_us / 1e3:.2f} ms per batch that workers add" if self.added_us > 0 else
+                       "with nothing added for the workers' hand-over, not measured")
+                    + f") run on host {h}'s {cores} core{'s' if cores != 1 else ''}, which the ranks' work then "
+                    f"waits for: {w / cores / 1e3:.1f} ms per step" if w > 0 else ""))
+        busy = w / (cores * t) if cores > 0 and t > 0 else 0.0
+        if busy >= WORKERS_BUSY_SAID:
+            words += (f"; the workers would keep those cores {100 * busy:.0f}% busy, and the ranks' work waits longer "
+                      "than that for a core when they are this busy: the step can be longer still (one job measured "
+                      "9 points under its estimate at 53%)")
+        return t, words
+
+    def factors(self) -> tuple[Factor, ...]:
+        per = ", ".join(f"rank {r} {v / 1e3:.2f} ms" for r, v in sorted(self.loading_us.items())[:4])
+        out: tuple[Factor, ...] = (Factor(
+            "loading CPU per step", sum(self.loading_us.values()) / max(1, len(self.loading_us)), "us",
+            f"steps.jsonl data_cpu_us, the loop's CPU time inside the DataLoader per step ({per})", True),)
+        if self.added_us > 0:
+            out += (Factor("CPU a worker adds per batch", self.added_us, "us",
+                           self.added_source.removeprefix("measured: "), True),)
+        else:
+            out += (Factor("CPU a worker adds per batch", 0.0, "us", "assumed: not measured after the job", False),)
+        return out
+
+
+def worker_load(a: Analysis, records: Mapping[int, Sequence[StepRecord]],
+                loader: factors.LoaderHandover | None) -> WorkerLoad | None:
+    """`WorkerLoad`'s figures, or None: a rank not on a CPU or with no host, no core count,
+    or a rank without its loop's loading CPU or its input wait in steps.jsonl (the
+    loading CPU recorded since pardiag 0.5.5)."""
+    if not a.ranks or any(r.device_type != "cpu" or not r.host for r in a.ranks):
+        return None
+    fw = getattr(a.run, "fw", None)
+    threads = (fw.threads if fw is not None else None) or {}
+    cores = threads.get("cpu_count")  # rank 0's host's: every host taken as alike
+    if not isinstance(cores, int) or cores <= 0:
+        return None
+    handover = loader.us if loader is not None else 0.0
+    loading: dict[int, float] = {}
+    batches: dict[int, float] = {}
+    rest: dict[int, float] = {}
+    for r in a.ranks:
+        recs = [rec for rec in records.get(r.rank, ()) if counted(rec)]
+        cpu = [v for rec in recs if (v := rec.get("dataloader_cpu")) is not None]
+        calls = [v for rec in recs if (v := rec.get("dataloader_calls")) is not None]
+        left = [rec.dur_us - w for rec in recs if rec.dur_us is not None and (w := rec.get("dataloader")) is not None]
+        if not cpu or not calls or not left:
+            return None
+        n = statistics.median(calls)
+        loading[r.rank] = statistics.median(cpu)
+        batches[r.rank] = n
+        rest[r.rank] = statistics.median(left) + handover * n
+    hosts: dict[str, list[int]] = {}
+    for r in a.ranks:
+        hosts.setdefault(str(r.host), []).append(r.rank)
+    added = loader.cpu_us if loader is not None and loader.cpu_us is not None else 0.0
+    return WorkerLoad(loading, batches, rest, {h: (tuple(rs), cores) for h, rs in hosts.items()}, added,
+                      loader.cpu_source if loader is not None else "")
 
 
 def cpu_sharing(a: Analysis, model: rp.Model) -> rp.CpuSharing | None:

@@ -571,6 +571,9 @@ def dataloader(ctx: RuleContext) -> list[Finding]:
     )]
 
 
+WORKERS_SHARE_SAID = "they load on the CPUs the rank computes on"  # the caveat's words: the replay drops it where it counts them
+
+
 def _workers_share_cpus(ctx: RuleContext, proposal: int, per_rank_cpus: int, saving: float | None) -> list[str]:
     """On CPUs, more workers per rank than the rank has CPUs: they load on the CPUs the
     rank computes on, where the estimate takes them as having their own. Measured: the
@@ -578,13 +581,14 @@ def _workers_share_cpus(ctx: RuleContext, proposal: int, per_rank_cpus: int, sav
     14 workers per rank; its fixed jobs' training threads waited 0.8-2.6 ms per step for
     a CPU, against 0.1-0.3 ms with the problem, the rest of their step (all but the wait
     for input) ran 0.3-3.4 ms longer, and the saving came out 3.6 to 6.6 points under the
-    estimate in all 8 pairs of four invocations. Said, not estimated: how much the workers
-    slow the rank depends on what loading a batch costs on a CPU, which the trace of a
-    loop that waits for its input does not time."""
+    estimate in all 8 pairs of four invocations. The replay's estimate counts the
+    workers' CPU time on the ranks' cores where steps.jsonl times the loop's loading CPU
+    (``estimates.WorkerLoad``, since pardiag 0.5.5) and drops this caveat; it stays for
+    the recordings that do not."""
     if saving is None or ctx.on_gpu or proposal <= per_rank_cpus:
         return []
     return [f"{proposal} workers per rank on {per_rank_cpus} CPU{'s' if per_rank_cpus != 1 else ''} per rank: "
-            "they load on the CPUs the rank computes on, where the estimate takes them as having their own, so the "
+            f"{WORKERS_SHARE_SAID}, where the estimate takes them as having their own, so the "
             "saving can be smaller (on 2 CPUs, 11-14 workers per rank kept the training threads 0.8-2.6 ms per step "
             "waiting for a CPU and came out 3.6-6.6 points under the estimate)"]
 

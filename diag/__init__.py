@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-__version__ = "0.5.4"
+__version__ = "0.5.5"
 
 
 def step() -> None:

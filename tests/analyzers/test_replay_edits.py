@@ -649,6 +649,111 @@ def test_loader_workers_save_no_more_than_the_cores_leave_idle(tmp_path: Path, c
     assert all("none of it removed by the change" in e for e in capped)
 
 
+def _loading_records(step_us: float, data_us: float, loading_cpu_us: float,
+                     cpu_us: float = 1000.0) -> dict[int, list[StepRecord]]:
+    """Three counted steps of ``step_us`` per rank, ``data_us`` of it in the DataLoader's
+    __next__, where the loop burned ``loading_cpu_us`` of CPU (one batch per step); the
+    rank's process ``cpu_us`` per step."""
+    sig = {"process_cpu": cpu_us, "dataloader": data_us, "dataloader_cpu": loading_cpu_us, "dataloader_calls": 1.0}
+    return {r: [StepRecord(step=0, t_end_ns=None, dur_us=1.0, pardiag_us=0.0)] + [
+        StepRecord(step=i, t_end_ns=None, dur_us=step_us, pardiag_us=0.0, signals=sig) for i in (1, 2, 3)]
+        for r in (0, 1)}
+
+
+@pytest.mark.parametrize("step_us, data_us, loading_cpu_us, cpu_us, expected_step, said", [
+    # 2500 us of loading, 2540 of the rest: 2 workers and a 300 us hand-over take the
+    # window's step from 5040 to 2840 (2200 removed from the job's 5040). The workers burn
+    # 600 us per batch loading (the loop's, steps.jsonl) and 400 more handing it over
+    # (loader.json): 2 x 1000 us per step on 2 cores, 1000 us each: 3840 us
+    (5040.0, 2500.0, 600.0, 1000.0, 3840.0, "from 2.8 to 3.8 ms per step: the DataLoader workers' 2.0 ms"),
+    # the loading burns 1000 us per batch: 2 x 1400 on 2 cores, 2840 + 1400
+    (5040.0, 2500.0, 1000.0, 1000.0, 4240.0, "run on host h's 2 cores, which the ranks' work then waits for: 1.4 ms"),
+    # the job's own steps (4500 us, 2400 of them waiting for input) leave 2100 + 300 of
+    # hand-over: more than the replay's 4500 - 2200 = 2300, which took away more loading
+    # than the job had; then 1000 us for the workers
+    (4500.0, 2400.0, 600.0, 1000.0, 3400.0, "the job's step less its wait for input, with the hand-over, is 2.4 ms"),
+    # the ranks' processes burn 4000 us per step, and the workers 400 more per batch: on 2
+    # cores no faster than (2 x 4400) / 2
+    (5040.0, 2500.0, 600.0, 4000.0, 4400.0, "no faster than that"),
+])
+def test_loader_workers_on_the_ranks_cores_lengthen_the_step_by_their_cpu_time(
+        tmp_path: Path, step_us: float, data_us: float, loading_cpu_us: float, cpu_us: float, expected_step: float,
+        said: str) -> None:
+    """On a CPU host the workers run on the cores the ranks compute on: the slow_input
+    scenario's fixed steps ran 6.4-8.1 ms where the replay, taking the workers as having
+    cores of their own, had 4.8-5.9."""
+    from pardiag.analyzers.factors import LoaderHandover
+    from pardiag.analyzers.levers import WORKERS_SHARE_SAID
+
+    ev = gloo_replay_rank(0, 4720, 4920, dataloader_us=(2500.0,))
+    m = _model(tmp_path, ev, gloo_replay_rank(0, 4720, 4920, dataloader_us=(2500.0,)))
+    a = analysis([rank(0, device="cpu"), rank(1, device="cpu")], framework={"threads": {"cpu_count": 2}})
+    caveat = f"14 workers per rank on 1 CPU per rank: {WORKERS_SHARE_SAID}, where the estimate ..."
+    f = Finding(lever="dataloader", severity="high", title="input", evidence=["wait 50%", caveat], ranks=[0, 1],
+                est_saving_pct=40.0, action={"settings": [{"kwargs": {"num_workers": 2}}]})
+    h = LoaderHandover(300.0, (32, 256), "measured: a 32x256 float32 batch handed over", 400.0,
+                       "measured: 2 DataLoader workers collating 32x256 batches")
+    recs = _loading_records(step_us, data_us, loading_cpu_us, cpu_us)
+    out = estimates.apply(replace(a, findings=[f]), estimates.Inputs(m, recs, loader=h))
+    (g,) = out.findings
+    assert g.est_saving_pct == pytest.approx(round(100 * (1 - expected_step / step_us), 1))
+    assert g.estimate is not None and any(said in e for e in g.estimate["edits"]), g.estimate["edits"]
+    assert g.evidence == ["wait 50%"]  # the caveat is counted now
+    names = [x["name"] for x in g.estimate["factors"]]
+    assert names[:3] == ["batch hand-over from a worker", "loading CPU per step", "CPU a worker adds per batch"]
+    assert g.estimate["factors"][1]["value"] == loading_cpu_us and g.estimate["factors"][2]["value"] == 400.0
+    # the same without the loop's loading CPU in steps.jsonl (recorded since 0.5.5): the
+    # workers taken as having cores of their own, and the caveat stays
+    old = {r: [replace(x, signals={k: v for k, v in x.signals.items() if k != "dataloader_cpu"}) for x in rs]
+           for r, rs in recs.items()}
+    out = estimates.apply(replace(a, findings=[f]), estimates.Inputs(m, old, loader=h))
+    (g,) = out.findings
+    assert caveat in g.evidence and not any("DataLoader workers' " in e for e in g.estimate["edits"])
+
+
+def test_workers_whose_cpu_time_would_not_fit_on_the_cores_are_not_advised(tmp_path: Path) -> None:
+    """The loop burns 2600 us of CPU loading each batch: with the 400 us workers add, 2 x
+    3000 us per step on 2 cores, 2840 + 3000 = 5840 us against the job's 5040: no faster.
+    On the cpu_contention scenario (its loop 8% of the step waiting for input, the
+    loading CPU work) 2 workers per rank made the steps 44.4 and 48.2 ms against 36.0
+    and 40.0 without; the estimate had been positive."""
+    from pardiag.analysis_blocks import WhatIf, WhatIfRow
+    from pardiag.analyzers.factors import LoaderHandover
+
+    ev = gloo_replay_rank(0, 4720, 4920, dataloader_us=(2500.0,))
+    m = _model(tmp_path, ev, gloo_replay_rank(0, 4720, 4920, dataloader_us=(2500.0,)))
+    a = analysis([rank(0, device="cpu"), rank(1, device="cpu")], framework={"threads": {"cpu_count": 2}})
+    f = Finding(lever="dataloader", severity="high", title="input", evidence=[], ranks=[0, 1], est_saving_pct=40.0,
+                action={"settings": [{"kwargs": {"num_workers": 2}}]})
+    what = WhatIf(step_us=5040.0, findings=[WhatIfRow(lever="dataloader", title="input", step_us=3024.0,
+                                                      saving_pct=40.0)], all_step_us=3024.0, all_saving_pct=40.0,
+                  assumption="a share")
+    h = LoaderHandover(300.0, (32, 256), "measured: a batch", 400.0, "measured: 2 workers")
+    out = estimates.apply(replace(a, findings=[f], what_if=what),
+                          estimates.Inputs(m, _loading_records(5040.0, 2500.0, 2600.0), loader=h))
+    assert out.findings == []
+    (note,) = [n.message for n in out.notices if "DataLoader workers not advised" in n.message]
+    assert note.startswith("more DataLoader workers not advised: with them a step would take 5.8 ms against 5.0 now")
+    assert out.what_if is not None and out.what_if.findings == []
+    # 1600 us of loading: 4840 us, 3.97% faster: under SAVING_LOW too
+    out = estimates.apply(replace(a, findings=[f], what_if=what),
+                          estimates.Inputs(m, _loading_records(5040.0, 2500.0, 1600.0), loader=h))
+    assert out.findings == [] and any("a step would take 4.8 ms against 5.0" in n.message for n in out.notices)
+
+
+def test_workers_that_would_keep_the_cores_half_busy_say_the_step_can_be_longer_still() -> None:
+    w = estimates.WorkerLoad({0: 2600.0, 1: 2600.0}, {0: 1.0, 1: 1.0}, {0: 2840.0, 1: 2700.0}, {"h": ((0, 1), 2)}, 400.0)
+    # 2 x 3000 us of CPU on 2 cores: 2840 + 3000 = 5840, the cores 6000 / 11680 = 51% busy
+    t, words = w.slowed(2840.0) or (0.0, "")
+    assert t == pytest.approx(5840.0) and "keep those cores 51% busy" in words
+    assert estimates.WORKERS_BUSY_SAID == 0.5
+    # 2 x 2000: 4840, 41%: not said
+    t, words = replace(w, loading_us={0: 1600.0, 1: 1600.0}).slowed(2840.0) or (0.0, "")
+    assert t == pytest.approx(4840.0) and "busy" not in words
+    # nothing loaded in workers and the replay's step already the job's rest: nothing changes
+    assert replace(w, loading_us={0: 0.0, 1: 0.0}, added_us=0.0).slowed(2840.0) is None
+
+
 @pytest.mark.parametrize("cpu_us, kept", [(4000.0, True), (4100.0, False)])
 def test_no_more_loader_workers_where_the_ranks_keep_the_cores_busy(tmp_path: Path, cpu_us: float, kept: bool) -> None:
     # two ranks on 2 cores, 5040 us steps: 2 x 4000 us of CPU per step is 79.4% of the cores

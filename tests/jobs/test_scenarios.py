@@ -73,6 +73,31 @@ def test_planted_problem_is_the_top_finding(tmp_path: Path, script: str, lever: 
     assert findings[0]["lever"] == lever, [(f["lever"], f["severity"], f["est_saving_pct"]) for f in findings]
     top = findings[0]
     assert top["evidence"] and (top["action"].get("code") or top["action"].get("env") or top["action"].get("text"))
+    if script == "slow_input":
+        _loading_is_counted_on_the_ranks_cores(tmp_path, top)
+
+
+def _loading_is_counted_on_the_ranks_cores(tmp_path: Path, top: dict) -> None:
+    """slow_input loads each batch in the loop: 32 samples, each a 1.5 ms sleep. Every step
+    records one fetch and the loop's CPU time in it, a sliver of the 48 ms of sleeps (1.05
+    to 1.08 ms here); the estimate puts what the workers would burn, that loading and what
+    they add per batch (measured after the job, not in this run), on the ranks' cores."""
+    runs = sorted(tmp_path.glob("slow_input-*"))
+    steps = [json.loads(line) for line in (runs[-1] / "ranks" / "0" / "steps.jsonl").read_text().splitlines()][1:]
+    assert steps and all(s["data_calls"] == 1 for s in steps), [s.get("data_calls") for s in steps]
+    assert all(0 < s["data_cpu_us"] < 0.25 * s["data_us"] for s in steps), [(s["data_cpu_us"], s["data_us"]) for s in steps]
+    if top["estimate"]["method"] != "replay":  # a refused replay says why; no edits to read
+        assert top["estimate"]["refused"]
+        return
+    assert any("DataLoader workers' " in e for e in top["estimate"]["edits"]), top["estimate"]["edits"]
+    by_name = {f["name"]: f for f in top["estimate"]["factors"]}
+    loading = by_name["loading CPU per step"]
+    assert loading["measured"] and loading["value"] == pytest.approx(
+        sum(s["data_cpu_us"] for s in steps) / len(steps), rel=0.5), loading
+    # the run skipped the factors measured after the job (run_pardiag): what workers add is
+    # not counted, and says so
+    added = by_name["CPU a worker adds per batch"]
+    assert not added["measured"] and added["value"] == 0 and added["source"].startswith("assumed"), added
 
 
 def test_healthy_control_gets_no_finding(tmp_path: Path) -> None:
