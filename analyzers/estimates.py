@@ -874,12 +874,8 @@ def worker_load(a: Analysis, records: Mapping[int, Sequence[StepRecord]],
     """`WorkerLoad`'s figures, or None: a rank not on a CPU or with no host, no core count,
     or a rank without its loop's loading CPU or its input wait in steps.jsonl (the
     loading CPU recorded since pardiag 0.5.5)."""
-    if not a.ranks or any(r.device_type != "cpu" or not r.host for r in a.ranks):
-        return None
-    fw = getattr(a.run, "fw", None)
-    threads = (fw.threads if fw is not None else None) or {}
-    cores = threads.get("cpu_count")  # rank 0's host's: every host taken as alike
-    if not isinstance(cores, int) or cores <= 0:
+    hosts = _cpu_hosts(a)
+    if hosts is None:
         return None
     handover = loader.us if loader is not None else 0.0
     loading: dict[int, float] = {}
@@ -896,12 +892,8 @@ def worker_load(a: Analysis, records: Mapping[int, Sequence[StepRecord]],
         loading[r.rank] = statistics.median(cpu)
         batches[r.rank] = n
         rest[r.rank] = statistics.median(left) + handover * n
-    hosts: dict[str, list[int]] = {}
-    for r in a.ranks:
-        hosts.setdefault(str(r.host), []).append(r.rank)
     added = loader.cpu_us if loader is not None and loader.cpu_us is not None else 0.0
-    return WorkerLoad(loading, batches, rest, {h: (tuple(rs), cores) for h, rs in hosts.items()}, added,
-                      loader.cpu_source if loader is not None else "")
+    return WorkerLoad(loading, batches, rest, hosts, added, loader.cpu_source if loader is not None else "")
 
 
 def cpu_sharing(a: Analysis, model: rp.Model) -> rp.CpuSharing | None:
@@ -922,12 +914,8 @@ def cpu_sharing(a: Analysis, model: rp.Model) -> rp.CpuSharing | None:
 def cpu_floor_inputs(a: Analysis, records: Mapping[int, Sequence[StepRecord]]) -> CpuFloor | None:
     """The CPU floor's figures, or None: a rank not on a CPU, no host, no process CPU
     time in steps.jsonl, or no core count."""
-    if not a.ranks or any(r.device_type != "cpu" or not r.host for r in a.ranks):
-        return None
-    fw = getattr(a.run, "fw", None)
-    threads = (fw.threads if fw is not None else None) or {}
-    cores = threads.get("cpu_count")  # rank 0's host's: every host taken as alike
-    if not isinstance(cores, int) or cores <= 0:
+    hosts = _cpu_hosts(a)
+    if hosts is None:
         return None
     cpu: dict[int, float] = {}
     for r in a.ranks:
@@ -935,12 +923,24 @@ def cpu_floor_inputs(a: Analysis, records: Mapping[int, Sequence[StepRecord]]) -
         if not vals:
             return None
         cpu[r.rank] = statistics.median(vals)
+    steps = job_step_times_us(records).values_us
+    return CpuFloor(cpu, hosts, statistics.median(steps) if steps else 0.0)
+
+
+def _cpu_hosts(a: Analysis) -> dict[str, tuple[tuple[int, ...], int]] | None:
+    """Per host, its ranks and its cores, when every rank runs on CPUs with a known host
+    and the run recorded the core count (rank 0's host's: every host taken as alike)."""
+    if not a.ranks or any(r.device_type != "cpu" or not r.host for r in a.ranks):
+        return None
+    fw = getattr(a.run, "fw", None)
+    threads = (fw.threads if fw is not None else None) or {}
+    cores = threads.get("cpu_count")
+    if not isinstance(cores, int) or cores <= 0:
+        return None
     hosts: dict[str, list[int]] = {}
     for r in a.ranks:
         hosts.setdefault(str(r.host), []).append(r.rank)
-    steps = job_step_times_us(records).values_us
-    return CpuFloor(cpu, {h: (tuple(rs), cores) for h, rs in hosts.items()},
-                    statistics.median(steps) if steps else 0.0)
+    return {h: (tuple(rs), cores) for h, rs in hosts.items()}
 
 
 def unanchored(model: rp.Model) -> str | None:
