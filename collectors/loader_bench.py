@@ -49,18 +49,19 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 
 class Rows(Dataset):  # type: ignore[type-arg]
-    """``n`` rows of ``shape`` (a batch's shape less its first dimension), each with a label."""
+    """``n`` samples of ``shape`` (a batch's shape less its first dimension), each with a
+    label: views of one batch's ``rows`` rows, so that it holds a single batch in memory."""
 
-    def __init__(self, n: int, shape: list[int], dtype: torch.dtype) -> None:
+    def __init__(self, n: int, rows: int, shape: list[int], dtype: torch.dtype) -> None:
         self.n = n
-        self.x = torch.zeros([n, *shape], dtype=dtype)
-        self.y = torch.zeros(n, dtype=torch.int64)
+        self.x = torch.zeros([rows, *shape], dtype=dtype)
+        self.y = torch.zeros(rows, dtype=torch.int64)
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x[i], self.y[i]
+        return self.x[i % len(self.y)], self.y[i % len(self.y)]
 
 
 @dataclass
@@ -93,7 +94,7 @@ def time_next(workers: int, shape: list[int], dtype: torch.dtype, deadline: floa
     rows = shape[0] if shape and shape[0] > 0 else 1
     kw: dict[str, Any] = {"persistent_workers": True, "prefetch_factor": 2} if workers else {}
     primed = PRIMED * workers + 1
-    data = Rows(rows * (MAX_SAMPLES + primed + 2 * workers + 1), list(shape[1:]), dtype)
+    data = Rows(rows * (MAX_SAMPLES + primed + 2 * workers + 1), rows, list(shape[1:]), dtype)
     loader = DataLoader(data, batch_size=rows, num_workers=workers, **kw)
     out = Timed()
     it = iter(loader)
