@@ -790,7 +790,8 @@ class CpuFloor:
 WORKERS_BUSY_SAID = 0.5
 """The share of a host's cores the DataLoader workers would keep busy at the step after
 the fix (`WorkerLoad.slowed`) from which the estimate says the step can be longer still:
-at 26-36% (four jobs) the form missed by -2.8 to +1.5 points, at 53% by +9.1."""
+at 26-36% (slow_input and two variants) the form missed by -2.2 to +1.7 points, at 53% by
++9.5."""
 
 
 @dataclass(frozen=True)
@@ -807,15 +808,18 @@ class WorkerLoad:
     those cores do not spend on the ranks' work, so the step after the fix is
     ``T0 + W / cores``, T0 the replay's, at least the job's own step less its wait for
     input plus the hand-over (``rest_us``: the profiled window can hold more loading than
-    the job's steps, and the replay would take it all away).
+    the job's steps, and the replay would take it all away), the least of its ranks': a
+    rank that does not wait for its input waits for the one that does, in a collective.
 
-    Measured on 2 cores, 2 ranks with the advised 7-14 workers each, over the slow_input
-    scenario (its loading 32 sleeps of 1.5 ms per batch, 1.1 ms of CPU) and three variants
-    whose samples also burn 50-100 us of CPU (2.7-4.2 ms per batch): without this the
-    estimates were 3.0 to 13.6 points over the savings measured with the fix applied;
-    with it, -2.8 to +1.5, and +9.1 where the loading burns 4.2 ms per batch. The
-    training threads' forward, backward and optimizer ran 1.3-2.2x as long as with the
-    problem, and they waited 0.9-3.7 ms per step for a core (0.1-0.7 with the problem).
+    Measured on 2 cores, 2 ranks with the advised 7-14 workers each, over 11 pairs of
+    the slow_input scenario (its loading 32 sleeps of 1.5 ms per batch, 1.1 ms of CPU)
+    and three variants whose samples also burn 50-100 us of CPU (2.7-4.2 ms per batch):
+    without this, on the same recordings, the estimates were +1.5 to +4.8 points over the
+    savings measured with the fix applied, and +8.4, +8.7 and +16.8 on the variants; with
+    it, -2.2 to +1.1, and -0.2, +1.7 and +9.5 (the last where the loading burns 4.2 ms per
+    batch). The training threads' forward, backward and optimizer ran 1.3-2.2x as long as
+    with the problem, and they waited 0.9-3.7 ms per step for a core (0.1-0.7 with the
+    problem).
     A processor-sharing form (only the ranks' CPU work stretched, by 1 / (1 - W / (cores
     x T))) missed by -1.7 to +3.2 and +10.6: their waits for each other stretch too."""
 
@@ -834,7 +838,8 @@ class WorkerLoad:
         cores; and in words (the busiest host's). None when nothing changes. ``alone``:
         the workers are the only change, so the job's own step less its input wait holds
         (with other changes, that is their replay's to say)."""
-        rest = max(self.rest_us.values(), default=0.0) if alone else 0.0
+        # the rank that waits longest for its input has the least left: the others wait for it
+        rest = min(self.rest_us.values(), default=0.0) if alone else 0.0
         start = max(t0, rest)
         h, (ranks, cores) = max(self.hosts.items(), key=lambda kv: self.host_load_us(kv[1][0]) / max(kv[1][1], 1))
         w = self.host_load_us(ranks) if cores > 0 else 0.0

@@ -711,6 +711,32 @@ def test_loader_workers_on_the_ranks_cores_lengthen_the_step_by_their_cpu_time(
     assert caveat in g.evidence and not any("DataLoader workers' " in e for e in g.estimate["edits"])
 
 
+def test_a_rank_that_does_not_wait_for_input_does_not_hold_the_step_after_the_fix(tmp_path: Path) -> None:
+    """Only rank 1 loads slowly (2500 us of its 5040 us steps, 600 us of CPU); rank 0
+    waits 100 us for its input (50 us of CPU) and the rest of its step for rank 1, in the
+    all-reduce. Rank 1 has 2540 + 300 us left after the fix; rank 0's 4940 + 300 hold its
+    wait for rank 1, which goes. The workers burn (50 + 400) + (600 + 400) us per step on 2
+    cores: 2840 + 725 = 3565 us, 29.27% (rank 0's bound would have left nothing)."""
+    from pardiag.analyzers.factors import LoaderHandover
+
+    ev = gloo_replay_rank(0, 4720, 4920, dataloader_us=(2500.0,))
+    m = _model(tmp_path, ev, gloo_replay_rank(0, 4720, 4920, dataloader_us=(2500.0,)))
+    a = analysis([rank(0, device="cpu"), rank(1, device="cpu")], framework={"threads": {"cpu_count": 2}})
+    f = Finding(lever="dataloader", severity="high", title="input", evidence=[], ranks=[0, 1], est_saving_pct=25.0,
+                action={"settings": [{"kwargs": {"num_workers": 2}}]})
+    h = LoaderHandover(300.0, (32, 256), "measured: a batch", 400.0, "measured: 2 workers")
+
+    def recs(data_us: float, cpu_us: float) -> list[StepRecord]:
+        sig = {"process_cpu": 1000.0, "dataloader": data_us, "dataloader_cpu": cpu_us, "dataloader_calls": 1.0}
+        return [StepRecord(step=0, t_end_ns=None, dur_us=1.0, pardiag_us=0.0)] + [
+            StepRecord(step=i, t_end_ns=None, dur_us=5040.0, pardiag_us=0.0, signals=sig) for i in (1, 2, 3)]
+
+    out = estimates.apply(replace(a, findings=[f]),
+                          estimates.Inputs(m, {0: recs(100.0, 50.0), 1: recs(2500.0, 600.0)}, loader=h))
+    (g,) = out.findings
+    assert g.est_saving_pct == pytest.approx(round(100 * (1 - 3565 / 5040), 1))
+
+
 def test_workers_whose_cpu_time_would_not_fit_on_the_cores_are_not_advised(tmp_path: Path) -> None:
     """The loop burns 2600 us of CPU loading each batch: with the 400 us workers add, 2 x
     3000 us per step on 2 cores, 2840 + 3000 = 5840 us against the job's 5040: no faster.
