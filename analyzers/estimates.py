@@ -499,8 +499,7 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
     load = worker_load(a, inputs.step_records, inputs.loader) if counted_steps else None
     job_u = statistics.median(counted_steps) if counted_steps else u  # the job's own step, unprofiled
     floors: list[str] = []
-    shared: list[str] = []  # the workers' share of the cores, in words, when it lengthened the step
-    shared_step: list[float] = []  # ... and the step it gave
+    shared: list[tuple[float, str]] = []  # the step the workers' share of the cores gave, in words, when it lengthened it
 
     def saving(edits: Sequence[rp.Edit], scale: float = 1.0, extra_us: float = 0.0,
                deflate: float | None = None) -> tuple[float, float, float]:
@@ -521,12 +520,11 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
             left = statistics.median(job_steps(rp.replay(quiet[0], edits)).values())
             removed = u - left * deflate + extra_us
             in_window = b - left
-        if load is not None and own_step and any(isinstance(e, rp.RemoveInputWait) and e.workers for e in edits):
+        if load is not None and own_step and starts_workers(edits):
             slowed = load.slowed(u - removed, alone=all(isinstance(e, rp.RemoveInputWait) for e in edits))
             if slowed is not None:
-                shared.append(slowed[1])
+                shared.append(slowed)
                 removed = u - slowed[0]
-                shared_step.append(slowed[0])
         floor = cpu.floor_us(edits, load) if cpu is not None else None
         straggler = any(isinstance(e, rp.Straggler) for e in edits)
         if cpu is not None and floor is not None and own_step and u - removed < floor:
@@ -555,7 +553,6 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
             continue
         floors.clear()
         shared.clear()
-        shared_step.clear()
         scaled = cause_scale(inputs.step_records, p.cause, p.ranks) if p.cause and own_step else None
         scale = scaled[0] if scaled else 1.0
         inflation = peer_inflation(a, inputs.step_records, f.ranks) if f.lever in PEERS_WORK and own_step else None
@@ -594,24 +591,25 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
                    f"that is {100 * window_s:.1f}% over the window's {len(base_steps)} profiled steps; over the job's "
                    f"{len(counted_steps)} counted steps, its step ({u / 1e3:.1f} ms) less the others' wait for "
                    f"{'rank' if len(f.ranks) == 1 else 'ranks'} {', '.join(map(str, f.ranks))} ({held[0] / 1e3:.1f} ms) "
-                   f"is {100 * held[0] / u:.1f}% shorter: the estimate is the mean of the two"] if held else []) + shared[:1] + floors[:1] + (
+                   f"is {100 * held[0] / u:.1f}% shorter: the estimate is the mean of the two"] if held else []) + [w for _, w in shared[:1]] + floors[:1] + (
                    [f"the time it removes from the window ({in_window / 1e3:.1f} ms per step) scaled by {scale:.3g}: "
                     f"{scaled[1]}"] if scaled else []),
                "factors": [x.to_dict() for x in fac],
                "window_step_us": round(b, 1), "projected_window_step_us": round(e, 1),
                "job_step_us": round(u, 1),
-               "bound": floors[0] if floors else (shared[0] if shared else None)}  # what held the saving down (the host's cores), in words
+               "bound": floors[0] if floors else (shared[0][1] if shared else None)}  # what held the saving down (the host's cores), in words
         if f.lever == "dataloader" and shared and s < SAVING_LOW:
-            why = shared[0].split(": ", 1)[-1]
+            step, said = shared[0]
+            why = said.split(": ", 1)[-1]
             notes.append(Notice("info", f"more DataLoader workers not advised: with them a step would take "
-                                        f"{shared_step[0] / 1e3:.1f} ms against {u / 1e3:.1f} now ({why}): the "
+                                        f"{step / 1e3:.1f} ms against {u / 1e3:.1f} now ({why}): the "
                                         "loading would move to processes on the same cores"))
             dropped.add(f.lever)
             continue
         sev = "low" if s < SAVING_LOW else f.severity
         if any(isinstance(x, rp.Accumulate) and x.refault_us for x in p.edits):  # the caveat is counted now
             f = replace(f, evidence=[x for x in f.evidence if not x.startswith(FRESH_CAVEAT_HEAD)])
-        if load is not None and own_step and any(isinstance(x, rp.RemoveInputWait) and x.workers for x in p.edits):
+        if load is not None and own_step and starts_workers(p.edits):
             f = replace(f, evidence=[x for x in f.evidence if WORKERS_SHARE_SAID not in x])  # counted now too
         findings.append(replace(f, est_saving_pct=pct, severity=sev, estimate=est))
         all_edits.extend(p.edits)
@@ -751,16 +749,17 @@ class CpuFloor:
         if not edits or not all(isinstance(e, (rp.Straggler, rp.RegroupBuckets, rp.UncontendedCollectives,
                                                rp.RemoveInputWait)) for e in edits):
             return None
-        workers = load is not None and any(isinstance(e, rp.RemoveInputWait) and e.workers for e in edits)
-        gone: dict[int, float] = {
-            r: -load.added_us * load.batches.get(r, 0.0) for r in self.cpu_us} if workers and load is not None else {}
+        added = ({r: load.added_us * load.batches.get(r, 0.0) for r in self.cpu_us}
+                 if load is not None and starts_workers(edits) else {})
+        gone: dict[int, float] = {}
         for e in edits:
             if not isinstance(e, rp.Straggler):
                 continue
             peers = [v for r, v in self.cpu_us.items() if r != e.rank]
             if e.rank in self.cpu_us and peers:
-                gone[e.rank] = gone.get(e.rank, 0.0) + max(self.cpu_us[e.rank] - statistics.median(peers), 0.0)
-        return max((sum(self.cpu_us[r] - gone.get(r, 0.0) for r in ranks) / (cores * (self.kept_busy(edits, h) or 1.0))
+                gone[e.rank] = max(self.cpu_us[e.rank] - statistics.median(peers), 0.0)
+        return max((sum(self.cpu_us[r] - gone.get(r, 0.0) + added.get(r, 0.0) for r in ranks)
+                    / (cores * (self.kept_busy(edits, h) or 1.0))
                     for h, (ranks, cores) in self.hosts.items()), default=None)
 
     def busiest(self) -> tuple[str, tuple[int, ...], int]:
@@ -841,9 +840,9 @@ class WorkerLoad:
         # the rank that waits longest for its input has the least left: the others wait for it
         rest = min(self.rest_us.values(), default=0.0) if alone else 0.0
         start = max(t0, rest)
-        h, (ranks, cores) = max(self.hosts.items(), key=lambda kv: self.host_load_us(kv[1][0]) / max(kv[1][1], 1))
-        w = self.host_load_us(ranks) if cores > 0 else 0.0
-        t = start + (w / cores if cores > 0 else 0.0)
+        h, (ranks, cores) = max(self.hosts.items(), key=lambda kv: self.host_load_us(kv[1][0]) / kv[1][1])
+        w = self.host_load_us(ranks)
+        t = start + w / cores
         if t <= t0:
             return None
         words = (f"raised from {t0 / 1e3:.1f} to {t / 1e3:.1f} ms per step: "
@@ -854,7 +853,7 @@ class WorkerLoad:
                        "with nothing added for the workers' hand-over, not measured")
                     + f") run on host {h}'s {cores} core{'s' if cores != 1 else ''}, which the ranks' work then "
                     f"waits for: {w / cores / 1e3:.1f} ms per step" if w > 0 else ""))
-        busy = w / (cores * t) if cores > 0 and t > 0 else 0.0
+        busy = w / (cores * t) if t > 0 else 0.0
         if busy >= WORKERS_BUSY_SAID:
             words += (f"; the workers would keep those cores {100 * busy:.0f}% busy, and the ranks' work waits longer "
                       "than that for a core when they are this busy: the step can be longer still (one job measured "
@@ -872,6 +871,11 @@ class WorkerLoad:
         else:
             out += (Factor("CPU a worker adds per batch", 0.0, "us", "assumed: not measured after the job", False),)
         return out
+
+
+def starts_workers(edits: Sequence[rp.Edit]) -> bool:
+    """Whether the edits move a DataLoader's loading into worker processes."""
+    return any(isinstance(e, rp.RemoveInputWait) and e.workers for e in edits)
 
 
 def worker_load(a: Analysis, records: Mapping[int, Sequence[StepRecord]],
