@@ -20,7 +20,7 @@ that); the median of those ``next()`` calls is the hand-over. The batch made in 
 itself, with no workers, is timed first: that is the time to make one.
 
 CPU time: the loop's own per ``next()`` (``thread_time``), with and without workers, and
-the workers' per batch (``/proc/<pid>/schedstat`` of each worker over the timed batches,
+the workers' per batch (``/proc/<pid>/task/*/schedstat`` of each worker over the timed batches,
 Linux; else not measured). ``cpu_us``, the workers' and the loop's with workers less the
 loop's without, is what moving the loading into workers adds to the host per batch
 (collating into shared memory, pickling, the queue and the file descriptors' passing):
@@ -31,6 +31,7 @@ imported: it runs in a process of its own, never inside the job.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -72,19 +73,22 @@ class Timed:
 
 
 def _cpu_ns(pid: int) -> int | None:
-    """A process's CPU time so far (its first thread's and its children's not included:
-    a worker is one thread of work), None where /proc does not say."""
+    """A process's CPU time so far, all its threads (a worker sends each batch's file
+    descriptors from threads of their own: 9-13% of its CPU over 60 batches), None where /proc does not
+    say."""
     try:
-        with open(f"/proc/{pid}/schedstat") as f:
-            return int(f.read().split()[0])
+        total = 0
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        return total
     except (OSError, ValueError, IndexError):
         return None
 
 
 def _workers_ns(it: Any) -> int | None:
-    pids = [getattr(w, "pid", None) for w in getattr(it, "_workers", None) or ()]
-    times = [_cpu_ns(p) for p in pids if isinstance(p, int)]
-    if not times or any(t is None for t in times):
+    times = [_cpu_ns(w.pid) for w in getattr(it, "_workers", None) or () if isinstance(getattr(w, "pid", None), int)]
+    if not times or None in times:
         return None
     return sum(t for t in times if t is not None)
 
