@@ -276,16 +276,25 @@ def compress_traces(run: rundir.RunDir, ranks: list[int]) -> None:
     """Compress the traces this host's ranks wrote (after the job: no cost to training)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    todo = [raw for r in ranks for w in (1, 2) for raw in (run.trace(r, w), run.partial_trace(r, w)) if raw.is_file()]
+    listed = [raw for r in ranks for w in (1, 2) for raw in (run.trace(r, w), run.partial_trace(r, w)) if raw.is_file()]
+    sizes: dict[Path, int] = {}
+    for p in listed:
+        try:
+            sizes[p] = p.stat().st_size
+        except FileNotFoundError:  # compressed meanwhile by another node's pardiag sharing this directory
+            pass
+    todo = list(sizes)
     if not todo:
         return
-    total = sum(p.stat().st_size for p in todo)
+    total = sum(sizes.values())
     if total > 64 << 20:
         print(f"pardiag: compressing {len(todo)} traces ({total / 2**20:.0f} MB)", file=sys.stderr, flush=True)
     with ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as pool:
         for raw, fut in [(p, pool.submit(rundir.compress_file, p)) for p in todo]:
             try:
                 fut.result()
+            except FileNotFoundError:  # as above: the other node compressed it first
+                pass
             except OSError as e:
                 print(f"pardiag: warning: could not compress {raw}: {e}", file=sys.stderr)
 

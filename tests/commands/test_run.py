@@ -410,3 +410,32 @@ def test_node_summaries_give_the_same_analysis(ddp_run, tmp_path: Path) -> None:
     from pardiag.rundir import RunDir
 
     assert reduce.load(RunDir(out), 0, trace) is None
+
+
+def test_a_trace_another_node_compressed_first_is_no_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two nodes whose `pardiag run` share one directory and one host name both claim every
+    rank's trace (test_two_nodes_share_one_out on 127.0.0.1): a trace listed by one can be
+    gone by the time it is stat-ed or compressed. That is the other node's work, done:
+    no traceback, and the trace that is there is compressed."""
+    from pardiag import recording, rundir as rd
+
+    run = rd.RunDir(tmp_path)
+    for r in (0, 1):
+        run.rank_dir(r).mkdir(parents=True)
+    run.trace(0, 1).write_text('{"traceEvents": []}')
+    gone = run.trace(1, 1)  # listed (is_file says yes), then compressed by the other node
+    real_is_file = Path.is_file
+    monkeypatch.setattr(Path, "is_file", lambda p: p == gone or real_is_file(p))
+    recording.compress_traces(run, [0, 1])
+    assert (run.rank_dir(0) / "trace.json.gz").is_file() and not real_is_file(run.trace(0, 1))
+    # and one whose compression the other node finished first: its unlink finds nothing
+    run.trace(0, 1).write_text('{"traceEvents": []}')
+    real_compress = rd.compress_file
+
+    def raced(p: Path, level: int = 6) -> Path:
+        real_compress(p, level)
+        raise FileNotFoundError(2, "No such file or directory", str(p))
+
+    monkeypatch.setattr(rd, "compress_file", raced)
+    recording.compress_traces(run, [0])
+    assert (run.rank_dir(0) / "trace.json.gz").is_file()
