@@ -99,6 +99,20 @@ class Temporal:
     late_us: dict[int, dict[int, float]] = field(default_factory=dict)  # rank -> step -> wait it caused
     last_rank: dict[int, int] = field(default_factory=dict)  # step -> the rank the others waited for most
 
+    def late_stretches(self) -> list[tuple[int, int, int | None]]:
+        """(rank, first step, last step or None: to the run's end) of each stretch in which
+        one rank's lateness raised the job's level: a change the rank explains, lasting
+        until a later level comes back halfway to the one before it (a later split of the
+        slow stretch is still it)."""
+        out = []
+        for i, c in enumerate(self.changes):
+            if c.rank is None or c.after_us <= c.before_us:
+                continue
+            back = next((x for x in self.changes[i + 1:] if x.after_us < c.before_us + 0.5 * (c.after_us - c.before_us)),
+                        None)
+            out.append((c.rank, c.step, back.step - 1 if back is not None else None))
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON block. Bounded whatever the run's length and size: the series in at
         most STORED_STEPS points (buckets of consecutive steps, each at its first step

@@ -22,18 +22,19 @@ def _temporal(ctx: RuleContext) -> dict[str, Any]:
 
 
 def late_straggler(ctx: RuleContext) -> list[Finding]:
-    """A persistent change point that one rank's lateness explains, on a rank the
-    whole-run straggler test did not name (its median over all steps hides a straggler
-    that started late): persistent when no later level comes back halfway to the one
-    before it. A change of at least 10% of the new step, high at 25%. Saving: the steps
-    after it back at the level before, 1 - before / after (after: the lower of its own
-    level and the run's last one)."""
-    named = {s.rank for s in ctx.analysis.stragglers}
+    """A persistent change point that one rank's lateness explains (a median over all
+    steps hides a straggler that started late: the whole-run straggler test leaves its
+    steps out, analyzers/pipeline.py `_outside`): persistent when no later level comes
+    back halfway to the one before it. A change of at least 10% of the new step, high at
+    25%. Saving: the steps after it back at the level before, 1 - before / after (after:
+    the lower of its own level and the run's last one). A rank the profiled window named
+    for at least half the change is that finding's (the window may lie in the stretch)."""
+    named = {s.rank: s.held_us_per_step or 0.0 for s in ctx.analysis.stragglers if s.held_from != "steps.jsonl"}
     out = []
     changes = list(_temporal(ctx).get("change_points", []))
     for i, c in enumerate(changes):
         rank, before, after = c.get("rank"), c.get("before_us") or 0.0, c.get("after_us") or 0.0
-        if rank is None or rank in named or after <= before or before <= 0:
+        if rank is None or after <= before or before <= 0 or named.get(rank, 0.0) >= 0.5 * (after - before):
             continue
         # persistent: no later level comes back halfway to the one before (a later split of
         # the slow stretch, noise or another change on top, is still it); the saving is

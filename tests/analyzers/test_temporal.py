@@ -186,3 +186,83 @@ def test_a_long_wide_run_is_stored_bounded() -> None:
     d = t.to_dict()
     assert len(d["steps"]) == len(d["job_step_us"]) <= temporal.STORED_STEPS
     assert len(d["late_us"]) == temporal.STORED_RANKS and all(len(v) <= temporal.STORED_STEPS for v in d["late_us"].values())
+
+
+def test_late_stretches_run_until_a_level_comes_back_halfway() -> None:
+    # persistent from step 40; split in two levels (130 then 145 ms): one stretch to the end;
+    # a slowdown that ends at step 60: the stretch 40-59
+    persistent = temporal.analyze(job(extra=lambda s, r: {"fwd": 30} if s >= 40 and r == 1 else None, noise=0.02))
+    split = temporal.analyze(job(n=80, extra=lambda s, r: ({"fwd": 45} if s >= 50 else {"fwd": 30})
+                                 if s >= 40 and r == 1 else None, noise=0.02))
+    ended = temporal.analyze(job(n=80, extra=lambda s, r: {"fwd": 30} if 40 <= s < 60 and r == 1 else None,
+                                 noise=0.02))
+    assert persistent is not None and split is not None and ended is not None
+    assert persistent.late_stretches() == [(1, 40, None)]
+    assert split.late_stretches() == [(1, 40, None), (1, 50, None)]
+    assert ended.late_stretches() == [(1, 40, 59)]
+    # no rank's: no stretch (the pause on all ranks of the checkpoint test, a slowdown on all)
+    both = temporal.analyze(job(extra=lambda s, r: {"fwd": 30} if s >= 40 else None, noise=0.02))
+    assert both is not None and len(both.changes) == 1 and both.late_stretches() == []
+
+
+# rank 1's lateness (ms; negative: rank 0 was the later) in the steps before a late
+# straggler of 30 ms, as in a recording of examples/scenarios/late_straggler.py: rank 1
+# a little later in most steps, not by a steady amount
+BEFORE_MS = [0.4, 3.6, -0.5, 1.2, 3.9, 0.3, 2.8, 0.9, 3.7, -0.4, 1.5, 3.8, 0.6, 2.2, 4.0, 0.2, 1.0]
+AFTER_MS = [30.7, 30.4, 30.5, 30.4, 30.5, 30.2, 29.9, 30.5, 27.2, 28.9, 30.5, 32.3, 32.3, 30.3, 30.2]
+
+
+def _late_run(before: list[float], after: list[float]) -> dict[int, list]:
+    """Two ranks of 5 ms steps (forward 1, backward 2 with its wait, optimizer 0.5): per
+    step the later rank does its lateness as work outside the timed phases."""
+    out: dict[int, list] = {0: [], 1: []}
+    for s, d in enumerate(before + after):
+        own = {0: max(-d, 0.0), 1: max(d, 0.0)}
+        slowest = max(own.values())
+        for r in (0, 1):
+            out[r].append(parse({"v": 2, "step": s, "dur_us": (5 + slowest) * MS, "pardiag_us": 0.0,
+                                 "data_us": 0.1 * MS, "fwd_us": 1 * MS, "bwd_us": (2 + slowest - own[r]) * MS,
+                                 "opt_us": 0.5 * MS, "backwards": 1}))
+    return out
+
+
+def test_the_whole_run_straggler_test_leaves_a_late_stretch_out() -> None:
+    """17 steps before the change, 15 after; step 0 does not count (`counted`). A median
+    over the 31 counted steps is their 16th value, on the edge between the two levels:
+    4.0 ms, the largest before, and its 95% interval spans both (2.8 to 30.2 ms). Over the
+    16 counted steps before, rank 1's median lateness is 1.35 ms, under the noise the run
+    shows (its steps wander by more): no whole-run straggler. The late stretch is the
+    late finding's, with the saving back at the level before."""
+    from pardiag.analysis import Straggler
+    from pardiag.analyzers.pipeline import _left_out_said, _outside
+    from pardiag.analyzers.stragglers import find_stragglers
+    from test_stragglers import jsonl
+
+    recs = _late_run(BEFORE_MS, AFTER_MS)
+    t = temporal.analyze(recs)
+    assert t is not None and [(c.step, c.rank, c.until) for c in t.changes] == [(17, 1, None)]
+    late = t.late_stretches()
+    assert late == [(1, 17, None)]
+    (mixed,) = find_stragglers(jsonl(recs))  # what the whole-run test said with every step
+    assert mixed.rank == 1 and mixed.held_us_per_step == pytest.approx(4.0 * MS)
+    kept = {r: _outside(v, late) for r, v in recs.items()}
+    assert [rec.step for rec in kept[0]] == list(range(17))
+    assert find_stragglers(jsonl(kept)) == []
+    (f,) = [f for f in _advised(t).findings if f.lever == "straggler"]
+    assert f.title.startswith("from step 17 on, rank 1 holds the others back")
+    # the job's step is 5 ms + the lateness of the later rank: medians 5 + (1.2 + 1.5) / 2 =
+    # 6.35 ms before (steps 1-16) and 5 + 30.4 after: 1 - 6.35 / 35.4 = 82.1%
+    assert t.changes[0].before_us == pytest.approx(6.35 * MS) and t.changes[0].after_us == pytest.approx(35.4 * MS)
+    assert f.est_saving_pct == pytest.approx(82.1)
+    # a straggler timed over steps.jsonl was timed outside the stretch: both findings; one
+    # the profiled window named for at least half the change says the same: one
+    jsonl_named = Straggler(rank=1, excess_us_per_step=2 * MS, cause="forward", evidence=["x"],
+                            held_us_per_step=2 * MS, held_from="steps.jsonl")
+    assert sorted(f.title[:9] for f in _advised(t, [jsonl_named]).findings if f.lever == "straggler") == \
+        ["from step", "rank 1 is"]
+    window_named = Straggler(rank=1, excess_us_per_step=29 * MS, cause="forward", evidence=["x"],
+                             held_us_per_step=29 * MS, held_from="profiled window")
+    assert [f.title[:9] for f in _advised(t, [window_named]).findings if f.lever == "straggler"] == ["rank 1 is"]
+    # the straggler's evidence says which steps it left out
+    said = _left_out_said(jsonl_named, late).evidence[-1]
+    assert said == "left out of these medians: steps 17 on (rank 1 late from step 17), said on their own"

@@ -124,4 +124,9 @@ def test_a_straggler_that_starts_after_the_window_is_found_with_its_step(tmp_pat
     assert all(c["after_us"] > change["before_us"] + 15_000 for c in changes if c["step"] > 25), changes
     late = [f for f in doc["findings"] if f["lever"] == "straggler" and f["title"].startswith("from step 25 on, rank 1")]
     assert late, [(f["lever"], f["title"]) for f in doc["findings"]]
+    # a whole-run straggler, if the steps before show one, is timed without the late stretch
+    # (a median over both levels named rank 1 for "3.7 ms per step" once)
+    for s in doc["stragglers"]:
+        assert s.get("held_from") != "steps.jsonl" or \
+            "left out of these medians: steps 25 on (rank 1 late from step 25), said on their own" in s["evidence"], s
     assert doc["temporal"]["windows"] == [[5, 9]]  # the default window: warm-up 5-6, recorded 7-9
