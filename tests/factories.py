@@ -493,6 +493,14 @@ SHAPES: dict[str, Callable[[], Analysis]] = {
 # -- a node's run directory --------------------------------------------------------------------
 
 
+def jsonl_evidence(recs: dict[int, list[Any]]) -> dict[int, Any]:
+    """The straggler test's evidence from step records alone (no profiled window)."""
+    from pardiag.analyzers.stragglers import RankEvidence
+
+    return {r: RankEvidence(rank=r, steps_in_window=0, wait_us=0.0, phases_us={}, step_records=rs)
+            for r, rs in recs.items()}
+
+
 def write_lines(path: Path, records: list[dict[str, Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(rundir.encode_line(r) for r in records))

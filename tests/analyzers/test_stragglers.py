@@ -16,6 +16,7 @@ from pardiag.analyzers.stragglers import RankEvidence, find_stragglers, step_wai
 from pardiag.step_records import StepRecord
 from pardiag.analyzers.pipeline import analyze_path
 from factories import analysis, rank
+from factories import jsonl_evidence as jsonl
 from tracegen import write_trace, x
 
 MS = 1000.0
@@ -106,11 +107,6 @@ def records(r: int, steps: int, *, data: float, fwd: float, bwd: list[float] | f
                        signals={"dataloader": data, "forward": fwd, "backward": bwds[k], "optimizer": opt,
                                 "forwards": 1, "backwards": 1})
             for k in range(steps)]
-
-
-def jsonl(recs: dict[int, list[StepRecord]]) -> dict[int, RankEvidence]:
-    return {r: RankEvidence(rank=r, steps_in_window=0, wait_us=0.0, phases_us={}, step_records=rs)
-            for r, rs in recs.items()}
 
 
 def test_balanced_control_names_no_one() -> None:

@@ -236,7 +236,7 @@ def test_the_whole_run_straggler_test_leaves_a_late_stretch_out() -> None:
     from pardiag.analysis import Straggler
     from pardiag.analyzers.pipeline import _left_out_said, _outside
     from pardiag.analyzers.stragglers import find_stragglers
-    from test_stragglers import jsonl
+    from factories import jsonl_evidence as jsonl
 
     recs = _late_run(BEFORE_MS, AFTER_MS)
     t = temporal.analyze(recs)
