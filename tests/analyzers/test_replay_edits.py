@@ -767,6 +767,76 @@ def test_workers_whose_cpu_time_would_not_fit_on_the_cores_are_not_advised(tmp_p
     assert out.findings == [] and any("a step would take 4.8 ms against 5.0" in n.message for n in out.notices)
 
 
+def _pinned_records(step_us: float, loading_cpu_us: float, runq1_us: float) -> dict[int, list[StepRecord]]:
+    """Three counted steps of ``step_us`` per rank, 2500 us of each in the DataLoader's
+    __next__ burning ``loading_cpu_us``; each training thread 1500 us on its CPU per step,
+    rank 1's also ``runq1_us`` waiting for it."""
+    def sig(r: int) -> dict[str, float]:
+        return {"process_cpu": 1000.0, "dataloader": 2500.0, "dataloader_cpu": loading_cpu_us,
+                "dataloader_calls": 1.0, "cpu": 1500.0, "run_queue": runq1_us if r == 1 else 0.0}
+    return {r: [StepRecord(step=0, t_end_ns=None, dur_us=1.0, pardiag_us=0.0)] + [
+        StepRecord(step=i, t_end_ns=None, dur_us=step_us, pardiag_us=0.0, signals=sig(r)) for i in (1, 2, 3)]
+        for r in (0, 1)}
+
+
+@pytest.mark.parametrize("affinity, loading_cpu_us, expected_step, said", [
+    # each rank may run on 1 of 2 cores, and so may its workers; rank 1's thread waits as
+    # long for its core as it runs on it (another process there): its workers' 300 + 400
+    # us per step take it 2 x 700 / 1 core: 2840 + 1400 = 4240 us, 15.87%
+    (1, 300.0, 4240.0, "run on rank 1's 1 core (each rank may run on 1 of its host's cores, and its DataLoader "
+                       "workers inherit that), where its thread gets a core 50% of the time it is ready to run"),
+    # the same ranks free to run on both cores: the host's 2 x 700 us on 2 cores, 3540 us
+    (2, 300.0, 3540.0, "run on host h's 2 cores, which the ranks' work then waits for: 0.7 ms per step"),
+    # 600 us of loading pinned: 2840 + 2 x 1000 = 4840 us, 3.97%: not advised
+    (1, 600.0, 4840.0, None),
+])
+def test_pinned_ranks_workers_load_their_own_cores(tmp_path: Path, affinity: int, loading_cpu_us: float,
+                                                  expected_step: float, said: str | None) -> None:
+    """The cpu_contention scenario pins each rank to one of 2 cores and spins another
+    process on rank 1's: 2 workers per rank, advised at 7-20% faster over the host's cores,
+    made its steps -23 to +3% faster in 6 pairs (estimates.WorkerLoad)."""
+    from pardiag.analyzers.factors import LoaderHandover
+
+    ev = gloo_replay_rank(0, 4720, 4920, dataloader_us=(2500.0,))
+    m = _model(tmp_path, ev, gloo_replay_rank(0, 4720, 4920, dataloader_us=(2500.0,)))
+    a = analysis([rank(0, device="cpu"), rank(1, device="cpu")],
+                 framework={"threads": {"cpu_count": 2, "sched_affinity": affinity}})
+    f = Finding(lever="dataloader", severity="high", title="input", evidence=[], ranks=[0, 1], est_saving_pct=40.0,
+                action={"settings": [{"kwargs": {"num_workers": 2}}]})
+    h = LoaderHandover(300.0, (32, 256), "measured: a batch", 400.0, "measured: 2 workers")
+    out = estimates.apply(replace(a, findings=[f]),
+                          estimates.Inputs(m, _pinned_records(5040.0, loading_cpu_us, 1500.0), loader=h))
+    if said is None:
+        assert out.findings == []
+        (note,) = [n.message for n in out.notices if "DataLoader workers not advised" in n.message]
+        assert note.startswith(f"more DataLoader workers not advised: with them a step would take "
+                               f"{expected_step / 1e3:.1f} ms against 5.0 now")
+        return
+    (g,) = out.findings
+    assert g.est_saving_pct == pytest.approx(round(100 * (1 - expected_step / 5040.0), 1))
+    assert g.estimate is not None and any(said in e for e in g.estimate["edits"]), g.estimate["edits"]
+
+
+def test_workers_share_the_cores_when_the_window_is_unlike_the_job_too(tmp_path: Path) -> None:
+    """The job's steps (10080 us, 2500 waiting for input) are twice the window's (5040):
+    the saving is a share of the window's step, 2200 / 5040 = 43.65%, the job's step
+    after it 10080 x (1 - 0.4365) = 5680, at least its own step less its wait with the
+    hand-over, 7880, and the workers' 2 x (600 + 400) us on 2 cores: 8880 us, 11.9%."""
+    from pardiag.analyzers.factors import LoaderHandover
+
+    ev = gloo_replay_rank(0, 4720, 4920, dataloader_us=(2500.0,))
+    m = _model(tmp_path, ev, gloo_replay_rank(0, 4720, 4920, dataloader_us=(2500.0,)))
+    a = analysis([rank(0, device="cpu"), rank(1, device="cpu")], framework={"threads": {"cpu_count": 2}})
+    f = Finding(lever="dataloader", severity="high", title="input", evidence=[], ranks=[0, 1], est_saving_pct=40.0,
+                action={"settings": [{"kwargs": {"num_workers": 2}}]})
+    h = LoaderHandover(300.0, (32, 256), "measured: a batch", 400.0, "measured: 2 workers")
+    out = estimates.apply(replace(a, findings=[f]),
+                          estimates.Inputs(m, _loading_records(10080.0, 2500.0, 600.0), loader=h))
+    (g,) = out.findings
+    assert g.est_saving_pct == pytest.approx(round(100 * (1 - 8880 / 10080), 1))
+    assert g.estimate is not None and any(e.endswith("(the job's step of 10.1 ms)") for e in g.estimate["edits"])
+
+
 def test_workers_that_would_keep_the_cores_half_busy_say_the_step_can_be_longer_still() -> None:
     w = estimates.WorkerLoad({0: 2600.0, 1: 2600.0}, {0: 1.0, 1: 1.0}, {0: 2840.0, 1: 2700.0}, {"h": ((0, 1), 2)}, 400.0)
     # 2 x 3000 us of CPU on 2 cores: 2840 + 3000 = 5840, the cores 6000 / 11680 = 51% busy
