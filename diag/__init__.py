@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-__version__ = "0.5.5"
+__version__ = "0.5.6"
 
 
 def step() -> None:
