@@ -70,11 +70,32 @@ def test_planted_problem_is_the_top_finding(tmp_path: Path, script: str, lever: 
     if not findings or findings[0]["lever"] != lever:
         findings = findings_of(tmp_path, script, *extra, attempt=1)  # see SECOND_RUN
     assert findings, f"{script}: no finding"
+    if script == "tiny_buckets" and findings[0]["lever"] != lever:
+        _buckets_that_cost_nothing_here(findings)
+        return
     assert findings[0]["lever"] == lever, [(f["lever"], f["severity"], f["est_saving_pct"]) for f in findings]
     top = findings[0]
     assert top["evidence"] and (top["action"].get("code") or top["action"].get("env") or top["action"].get("text"))
     if script == "slow_input":
         _loading_is_counted_on_the_ranks_cores(tmp_path, top)
+
+
+def _buckets_that_cost_nothing_here(findings: list[dict]) -> None:
+    """On 2 cores tiny_buckets runs in one of two ways. In about half of its recordings
+    its steps take 26-31 ms with the ranks' processes keeping the cores 80-90% busy; there
+    the bucket finding's estimate is held at the job's step by the busy cores (0.0%,
+    severity low) and gradient accumulation, with a larger saving, comes first. Measured
+    with the change applied in such recordings: bucket_cap_mb=1 saved -5.6 and -0.4%
+    (and -12.0 to +14.0, median +0.7, in 6 earlier pairs), 4 micro-batches per step 56.2
+    and 54.3% (estimated 56.5 and 56.1). So there the right top finding is accumulation,
+    and the bucket finding must say why it saves nothing."""
+    tops = [(f["lever"], f["severity"], f["est_saving_pct"]) for f in findings]
+    (buckets,) = [f for f in findings if f["lever"] == "ddp_bucket_size"] or [None]
+    assert buckets is not None, tops
+    assert findings[0]["lever"] == "gradient_accumulation", tops
+    assert buckets["severity"] == "low" and buckets["est_saving_pct"] < 5, tops
+    bound = (buckets.get("estimate") or {}).get("bound") or ""
+    assert "cores" in bound and "busy" in bound and "leave them as busy" in bound, bound
 
 
 def _loading_is_counted_on_the_ranks_cores(tmp_path: Path, top: dict) -> None:
