@@ -59,7 +59,10 @@ def late_straggler(ctx: RuleContext) -> list[Finding]:
             action={"text": f"rank {rank} slowed down part-way through the run (at step {c['step']}): look for what "
                             "started then on its host (another job, thermal throttling, a data shard, memory "
                             "growth); pardiag's profiled window may predate it (--profile-steps can move it).",
-                    "assumption": "the steps after the change back at the level before it"}))
+                    "assumption": "the steps after the change back at the level before it",
+                    # the saving is a share of these steps, not of the job's median step: the
+                    # what-if, which works on the median step, leaves it out (levers.what_if)
+                    "basis_step_us": round(after, 1)}))
     return out[:1]
 
 

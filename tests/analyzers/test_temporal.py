@@ -266,3 +266,23 @@ def test_the_whole_run_straggler_test_leaves_a_late_stretch_out() -> None:
     # the straggler's evidence says which steps it left out
     said = _left_out_said(jsonl_named, late).evidence[-1]
     assert said == "left out of these medians: steps 17 on (rank 1 late from step 17), said on their own"
+
+
+def test_a_late_stragglers_saving_is_left_out_of_the_what_if() -> None:
+    """Its saving, 1 - 100 / 130, is of the steps after step 40, not of the job's median
+    step: the what-if (a projection of the median step) leaves it out; with a finding on
+    the median step beside it, only that one counts."""
+    from pardiag.analysis import Finding
+    from pardiag.analyzers.levers import what_if
+
+    t = temporal.analyze(job(extra=lambda s, r: {"fwd": 30} if s >= 40 and r == 1 else None, noise=0.02))
+    assert t is not None
+    a = _advised(t)
+    (late,) = [f for f in a.findings if f.lever == "straggler"]
+    assert late.action["basis_step_us"] == pytest.approx(t.changes[0].after_us, abs=0.1)
+    assert a.what_if is None
+    other = Finding(lever="dataloader", severity="medium", title="input", evidence=["x"], ranks=[0],
+                    est_saving_pct=20.0, action={"text": "more workers"})
+    w = what_if(100 * MS, [late, other])
+    assert w is not None and [r.lever for r in w.findings] == ["dataloader"]
+    assert w.all_step_us == pytest.approx(80 * MS) and w.all_saving_pct == 20.0
