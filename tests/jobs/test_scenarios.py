@@ -82,11 +82,11 @@ def test_planted_problem_is_the_top_finding(tmp_path: Path, script: str, lever: 
 
 def _buckets_that_cost_nothing_here(findings: list[dict]) -> None:
     """On 2 cores tiny_buckets runs in one of two ways. In about half of its recordings
-    its steps take 26-31 ms with the ranks' processes keeping the cores 80-90% busy; there
+    the ranks' processes keep the cores 80-90% busy (steps of 26-36 ms); there
     the bucket finding's estimate is held at the job's step by the busy cores (0.0%,
     severity low) and gradient accumulation, with a larger saving, comes first. Measured
     with the change applied in such recordings: bucket_cap_mb=1 saved -5.6 and -0.4%
-    (and -12.0 to +14.0, median +0.7, in 6 earlier pairs), 4 micro-batches per step 56.2
+    (and -12.0 to +14.0, median +1.5, in 6 earlier pairs), 4 micro-batches per step 56.2
     and 54.3% (estimated 56.5 and 56.1). So there the right top finding is accumulation,
     and the bucket finding must say why it saves nothing."""
     tops = [(f["lever"], f["severity"], f["est_saving_pct"]) for f in findings]
