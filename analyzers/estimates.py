@@ -862,9 +862,9 @@ class WorkerLoad:
     def host_load_us(self, ranks: Sequence[int]) -> float:
         return sum(self.rank_load_us(r) for r in ranks)
 
-    def _busiest(self) -> tuple[float, float, str]:
+    def _busiest(self) -> tuple[float, float, int, str]:
         """(the time per step the workers take from the ranks' work where they take most,
-        their CPU there, and where in words). Pinned ranks (``pinned``): each rank's
+        their CPU there, the cores it runs on, and where in words). Pinned ranks (``pinned``): each rank's
         workers inherit its CPU affinity and run on its cores alone, where its thread
         already shares the core with what else runs there (``stretch``: a thread that gets
         its core half the time it wants it takes 2 ms for 1 ms of work); otherwise a
@@ -876,10 +876,10 @@ class WorkerLoad:
             where = (f"rank {r}'s {n} core{'s' if n != 1 else ''} (each rank may run on {n} of its host's cores, and "
                      "its DataLoader workers inherit that), where its thread gets a core "
                      f"{100 / s:.0f}% of the time it is ready to run (steps.jsonl cpu_us and runq_us)")
-            return w * s / n, w, where
+            return w * s / n, w, n, where
         h, (ranks, cores) = max(self.hosts.items(), key=lambda kv: self.host_load_us(kv[1][0]) / kv[1][1])
         w = self.host_load_us(ranks)
-        return w / cores, w, f"host {h}'s {cores} core{'s' if cores != 1 else ''}"
+        return w / cores, w, cores, f"host {h}'s {cores} core{'s' if cores != 1 else ''}"
 
     def slowed(self, t0: float, alone: bool = True) -> tuple[float, str] | None:
         """The step after the fix, from the replay's ``t0``, with the workers sharing the
@@ -889,7 +889,7 @@ class WorkerLoad:
         # the rank that waits longest for its input has the least left: the others wait for it
         rest = min(self.rest_us.values(), default=0.0) if alone else 0.0
         start = max(t0, rest)
-        taken, w, where = self._busiest()
+        taken, w, cores, where = self._busiest()
         t = start + taken
         if t <= t0:
             return None
@@ -902,16 +902,12 @@ class WorkerLoad:
                        "with nothing added for the workers' hand-over, not measured")
                     + f") run on {where}, which the ranks' work then waits for: {taken / 1e3:.1f} ms per step"
                     if w > 0 else ""))
-        busy = w / ((self.pinned or self._cores()) * t) if t > 0 else 0.0
+        busy = w / (cores * t) if t > 0 else 0.0
         if busy >= WORKERS_BUSY_SAID:
             words += (f"; the workers would keep those cores {100 * busy:.0f}% busy, and the ranks' work waits longer "
                       "than that for a core when they are this busy: the step can be longer still (one job measured "
                       "9 points under its estimate at 53%)")
         return t, words
-
-    def _cores(self) -> int:
-        ranks_cores = max(self.hosts.values(), key=lambda rc: self.host_load_us(rc[0]) / rc[1])
-        return ranks_cores[1]
 
     def factors(self) -> tuple[Factor, ...]:
         per = ", ".join(f"rank {r} {v / 1e3:.2f} ms" for r, v in sorted(self.loading_us.items())[:4])
@@ -955,8 +951,7 @@ def worker_load(a: Analysis, records: Mapping[int, Sequence[StepRecord]],
         batches[r.rank] = n
         rest[r.rank] = statistics.median(left) + handover * n
     added = loader.cpu_us if loader is not None and loader.cpu_us is not None else 0.0
-    fw = getattr(a.run, "fw", None)
-    aff = ((fw.threads if fw is not None else None) or {}).get("sched_affinity")
+    aff = _threads(a).get("sched_affinity")
     cores = min(c for _, c in hosts.values())
     pinned = aff if isinstance(aff, int) and 0 < aff < cores else None
     stretch: dict[int, float] = {}
@@ -974,8 +969,7 @@ def cpu_sharing(a: Analysis, model: rp.Model) -> rp.CpuSharing | None:
     alike) and its operators' threads."""
     if not a.ranks or any(r.device_type != "cpu" or not r.host for r in a.ranks):
         return None
-    fw = getattr(a.run, "fw", None)
-    threads = (fw.threads if fw is not None else None) or {}
+    threads = _threads(a)
     cores, per = threads.get("cpu_count"), threads.get("torch_num_threads")
     if not isinstance(cores, int) or cores <= 0 or not isinstance(per, int) or per <= 0:
         return None
@@ -999,14 +993,19 @@ def cpu_floor_inputs(a: Analysis, records: Mapping[int, Sequence[StepRecord]]) -
     return CpuFloor(cpu, hosts, statistics.median(steps) if steps else 0.0)
 
 
+def _threads(a: Analysis) -> dict[str, Any]:
+    """Rank 0's thread settings (meta.json ``threads``: cpu_count, sched_affinity,
+    torch_num_threads), every rank taken as alike; {} when not recorded."""
+    fw = getattr(a.run, "fw", None)
+    return (fw.threads if fw is not None else None) or {}
+
+
 def _cpu_hosts(a: Analysis) -> dict[str, tuple[tuple[int, ...], int]] | None:
     """Per host, its ranks and its cores, when every rank runs on CPUs with a known host
     and the run recorded the core count (rank 0's host's: every host taken as alike)."""
     if not a.ranks or any(r.device_type != "cpu" or not r.host for r in a.ranks):
         return None
-    fw = getattr(a.run, "fw", None)
-    threads = (fw.threads if fw is not None else None) or {}
-    cores = threads.get("cpu_count")
+    cores = _threads(a).get("cpu_count")
     if not isinstance(cores, int) or cores <= 0:
         return None
     hosts: dict[str, list[int]] = {}

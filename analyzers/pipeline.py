@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
 from pardiag import rundir
-from pardiag.analysis import Analysis, GpuTime, Notice, RankResult, StepTime
+from pardiag.analysis import Analysis, GpuTime, Notice, RankResult, StepTime, Straggler
 from pardiag.analyzers.collectives import clock_offsets, end_times, match
 from pardiag.analyzers.groups import process_groups
 from pardiag.analyzers import trace_parallel
@@ -297,7 +297,7 @@ def _outside(records: Sequence[StepRecord], late: Sequence[tuple[int, int, int |
             if not any(first <= rec.step and (last is None or rec.step <= last) for _, first, last in late)]
 
 
-def _left_out_said(s: Any, late: Sequence[tuple[int, int, int | None]]) -> Any:
+def _left_out_said(s: Straggler, late: Sequence[tuple[int, int, int | None]]) -> Straggler:
     """A straggler timed over steps.jsonl says which steps it left out (`_outside`)."""
     if not late or s.held_from != "steps.jsonl":
         return s
