@@ -39,6 +39,7 @@ one CPU's torch work slows another's, and how far the host's speed drifted.
     python benchmarks/whatif_accuracy.py --scenarios slow_rank,slow_input --json out.json
     python benchmarks/whatif_accuracy.py --repeat 2 --keep runs/ && \
         python benchmarks/whatif_accuracy.py --repeat 2 --reuse runs/   # the same runs, analysed again
+    python benchmarks/whatif_accuracy.py --pool O.json P.json   # several invocations' pairs together
 
 Progress goes to stderr; the table (or with --json - , the JSON) to stdout.
 """
@@ -507,6 +508,105 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+MEDIAN_TARGET_PP = 3.0  # the median over the scenarios of their |error|
+
+
+def pool(docs: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per scenario with a lever, every pair of several invocations' results (--json
+    files, each with its label): the pairs' errors (estimated - measured, a pair whose
+    problem run got no finding left out, as in summary()), their median (the scenario's
+    pooled error), how many are within TARGET_PP, and the spread of the measured saving
+    over all pairs; the control's recordings with a finding counted apart. On this host
+    the same job recorded twice differs by up to tens of points (the noise column), so a
+    scenario's error over two pairs of one invocation moves by as much: its median over
+    the pairs of several invocations is what the estimate's bias is."""
+    rows: dict[str, dict[str, Any]] = {}
+    for label, doc in docs:
+        for r in doc.get("results") or []:
+            row = rows.setdefault(r["scenario"], {"scenario": r["scenario"], "lever": r.get("lever"), "errors": [],
+                                                  "measured": [], "found": 0, "pairs": 0, "invocations": [],
+                                                  "invocation_error_pp": []})
+            est = r.get("estimated_each_pct") or []
+            meas = r.get("measured_each_pct") or []
+            row["invocations"].append(label)
+            row["invocation_error_pp"].append(r.get("error_pp"))
+            row["pairs"] += len(meas)
+            row["measured"].extend(meas)
+            for e, m in zip(est, meas):
+                if e is None or m is None:
+                    continue
+                row["found"] += 1
+                row["errors"].append(round(e - m, 1))
+    out = []
+    for row in rows.values():
+        errs = row["errors"]
+        row["error_pp"] = _median(errs)
+        row["abs_error_pp"] = _median([abs(e) for e in errs])
+        row["within"] = sum(abs(e) <= TARGET_PP for e in errs)
+        row["measured_range_pp"] = (round(max(row["measured"]) - min(row["measured"]), 1)
+                                    if row["measured"] else None)
+        out.append(row)
+    return out
+
+
+def pool_table(rows: list[dict[str, Any]], labels: list[str]) -> str:
+    """pool()'s rows as text: per scenario its pairs' errors, their median and how many
+    are within the target; then every pair together, the scenarios' medians against the
+    targets, and how many invocations met them on their own."""
+    head = ["scenario", "lever", "pairs", "error pp (each)", "median pp", "median |pp|", f"within {TARGET_PP:g}",
+            "measured range pp"]
+    lines = [head]
+    levers = [r for r in rows if r["lever"]]
+    for r in levers:
+        lines.append([r["scenario"], r["lever"], f"{r['found']}/{r['pairs']}",
+                      " ".join(f"{e:+.1f}" for e in r["errors"]) or "-", _cell(r["error_pp"], "{:+.1f}"),
+                      _cell(r["abs_error_pp"]), f"{r['within']}/{len(r['errors'])}", _cell(r["measured_range_pp"])])
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    out = ["  ".join(c.ljust(w) if i < 4 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
+           for line in lines]
+    every = [e for r in levers for e in r["errors"]]
+    if every:
+        out.append(f"all {len(every)} pairs of {len(labels)} invocations ({', '.join(labels)}): median |error| "
+                   f"{statistics.median(abs(e) for e in every):.1f} pp, {sum(abs(e) <= TARGET_PP for e in every)} "
+                   f"within {TARGET_PP:g}")
+    by = [abs(r["error_pp"]) for r in levers if r["error_pp"] is not None]
+    if by:
+        met = max(by) <= TARGET_PP and statistics.median(by) <= MEDIAN_TARGET_PP
+        worst = max((r for r in levers if r["error_pp"] is not None), key=lambda r: abs(r["error_pp"]))
+        out.append(f"by scenario (the median of its pairs' errors): median |error| {statistics.median(by):.1f} pp, "
+                   f"max {max(by):.1f} pp ({worst['scenario']}); targets (each <= {TARGET_PP:g}, median <= "
+                   f"{MEDIAN_TARGET_PP:g}) {'met' if met else 'not met'}")
+    alone = []
+    for i, label in enumerate(labels):
+        errs = [abs(e) for r in levers if i < len(r["invocation_error_pp"]) and (e := r["invocation_error_pp"][i]) is not None]
+        if errs:
+            ok = max(errs) <= TARGET_PP and statistics.median(errs) <= MEDIAN_TARGET_PP
+            alone.append(f"{label} {'met' if ok else 'not met'} (median {statistics.median(errs):.1f}, max {max(errs):.1f})")
+    if alone:
+        out.append("each invocation alone: " + "; ".join(alone))
+    for r in rows:
+        if not r["lever"]:
+            out.append(f"{r['scenario']} (the control): a finding in {r['found']} of {r['pairs']} recordings with "
+                       f"nothing planted")
+    return "\n".join(out)
+
+
+def _pool_main(paths: list[str]) -> int:
+    docs = []
+    for path in paths:
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            print(f"error: {path}: not a result of --json ({type(e).__name__}: {e})", file=sys.stderr)
+            return 2
+        if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
+            print(f"error: {path}: not a result of --json (no 'results' list)", file=sys.stderr)
+            return 2
+        docs.append((Path(path).stem, doc))
+    print(pool_table(pool(docs), [label for label, _ in docs]))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--scenarios", default=",".join(SCENARIOS),
@@ -524,7 +624,12 @@ def main(argv: list[str] | None = None) -> int:
                         "what_if.all_saving_pct")
     p.add_argument("--reuse", metavar="DIR", help="analyse again the runs an earlier --keep DIR recorded, instead of "
                                                   "recording (the estimates of a newer pardiag on the same runs)")
+    p.add_argument("--pool", metavar="JSON", nargs="+",
+                   help="record nothing: read the --json results of several invocations and give every scenario's "
+                        "pairs together (their errors, the median, how many within the target)")
     a = p.parse_args(argv)
+    if a.pool:
+        return _pool_main(a.pool)
     names = [s.strip() for s in a.scenarios.split(",") if s.strip()]
     unknown = [s for s in names if s not in SCENARIOS]
     if unknown or not names:

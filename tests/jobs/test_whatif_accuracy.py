@@ -204,6 +204,46 @@ def test_the_advised_values_come_from_the_findings_settings() -> None:
     assert wa.advised_values("straggler", finding) == {}
 
 
+def _doc(*rows: tuple[str, str | None, list[float | None], list[float]], error_pp: dict[str, float] | None = None) -> dict:
+    return {"results": [{"scenario": s, "lever": lever, "estimated_each_pct": est, "measured_each_pct": meas,
+                         "error_pp": (error_pp or {}).get(s)} for s, lever, est, meas in rows]}
+
+
+def test_pooled_invocations_give_each_scenario_the_median_of_all_its_pairs() -> None:
+    # invocation A: straggler pairs measured 80 and 85, estimated 84 and 82 (errors +4.0, -3.0);
+    # B: 90 estimated 83 (-7.0) and a problem run without the finding. Pooled: +4.0, -3.0,
+    # -7.0: median -3.0, |error| 4.0, 2 of 3 within 5; the measured savings 70-90: 20 points
+    a = _doc(("slow_rank", "straggler", [84.0, 82.0], [80.0, 85.0]), ("healthy", None, [None, None], [1.0, -2.0]),
+             error_pp={"slow_rank": 0.5})
+    b = _doc(("slow_rank", "straggler", [83.0, None], [90.0, 70.0]), ("healthy", None, [0.0, None], [3.0, 0.5]),
+             error_pp={"slow_rank": -7.0})
+    rows = {r["scenario"]: r for r in wa.pool([("A", a), ("B", b)])}
+    s = rows["slow_rank"]
+    assert s["errors"] == [4.0, -3.0, -7.0] and (s["error_pp"], s["abs_error_pp"], s["within"]) == (-3.0, 4.0, 2)
+    assert (s["found"], s["pairs"], s["measured_range_pp"]) == (3, 4, 20.0)
+    assert rows["healthy"]["found"] == 1  # B's first control recording had a finding
+    text = wa.pool_table(list(rows.values()), ["A", "B"])
+    # one scenario, its pooled median 3.0: within both targets; B alone (7.0) is not
+    assert "all 3 pairs of 2 invocations (A, B): median |error| 4.0 pp, 2 within 5" in text
+    assert "max 3.0 pp (slow_rank); targets (each <= 5, median <= 3) met" in text
+    assert "A met (median 0.5, max 0.5); B not met (median 7.0, max 7.0)" in text
+    assert "healthy (the control): a finding in 1 of 4 recordings" in text
+
+
+def test_pool_reads_results_files_and_refuses_others(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = tmp_path / "O.json"
+    good.write_text(json.dumps(_doc(("gc_pauses", "garbage_collection", [96.0, 97.0], [95.5, 96.2]))))
+    assert wa.main(["--pool", str(good)]) == 0
+    assert "+0.5 +0.8" in capsys.readouterr().out
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    assert wa.main(["--pool", str(good), str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {bad}: not a result of --json") and err.count("\n") == 1
+    assert wa.main(["--pool", str(tmp_path / "missing.json")]) == 2
+    assert "not a result of --json (FileNotFoundError" in capsys.readouterr().err
+
+
 def test_an_unknown_scenario_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert wa.main(["--scenarios", "slow_rank,nope"]) == 2
     err = capsys.readouterr().err
