@@ -10,7 +10,15 @@ steps of
   something else (another process, too many threads);
 * ``gc``: Python's garbage-collection pauses;
 * ``input_elements``: the elements of the first tensor the model's forward gets (the
-  batch of token ids: its tokens).
+  batch of token ids: its tokens);
+* ``page_faults`` (and ``backward_page_faults``): the process's minor page faults, at
+  what one costs (measured after the job, factors/faults.json; else ``FAULT_US``,
+  labelled a typical cost). A rank whose C library allocator hands freed memory back
+  to the kernel faults it in again every step, while its peers, running the same code,
+  reuse theirs: its backward is longer by its faults, and backward's time holds the
+  wait, so the phase table alone puts the extra time elsewhere (the comm_bound job's
+  rank 0 faulted 8,160 times per step in backward and its peer none: 19.0 ms more CPU
+  per step, of which the phases showed 2.0 ms outside forward, backward and optimizer).
 
 A host cause is named when the candidate's excess over the other ranks' median in that
 signal is at least ``EXPLAINS`` of the time the others wait for it (the straggler's
@@ -26,6 +34,8 @@ from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 from pardiag.analysis import Straggler
+from pardiag.analyzers.factors import FaultCost
+from pardiag.analyzers.summary import FAULT_US
 from pardiag.step_records import StepRecord, counted
 
 EXPLAINS = 0.5  # share of the others' wait a host signal must account for
@@ -35,6 +45,7 @@ INPUT_RATIO = 1.2  # a rank's batches this many times the others' elements: inpu
 CONTENTION = "CPU contention"
 GC = "garbage collection"
 INPUT = "input imbalance"
+FAULTS = "page faults"
 
 
 @dataclass(frozen=True)
@@ -48,6 +59,8 @@ class HostMedians:
     involuntary_switches: float | None
     cpu_us: float | None
     steps: int
+    page_faults: float | None = None
+    backward_page_faults: float | None = None
 
 
 def _med(xs: list[float]) -> float | None:
@@ -65,7 +78,8 @@ def host_medians(records: Sequence[StepRecord]) -> HostMedians:
         run_queue_us=_med(col("run_queue")), gc_us=_med(col("gc")),
         gcs_per_100=100 * sum(gcs) / len(gcs) if gcs else None,
         input_elements=_med([v for r in recs if (v := r.get("input_elements")) is not None and v > 0]),
-        involuntary_switches=_med(col("involuntary_switches")), cpu_us=_med(col("cpu")), steps=len(recs))
+        involuntary_switches=_med(col("involuntary_switches")), cpu_us=_med(col("cpu")), steps=len(recs),
+        page_faults=_med(col("page_faults")), backward_page_faults=_med(col("backward_page_faults")))
 
 
 def _others(per: Mapping[int, HostMedians], rank: int, attr: str) -> float | None:
@@ -89,9 +103,10 @@ def excess_us(rank: int, records: Mapping[int, Sequence[StepRecord]]) -> float:
     return out
 
 
-def refine(s: Straggler, records: Mapping[int, Sequence[StepRecord]]) -> Straggler:
+def refine(s: Straggler, records: Mapping[int, Sequence[StepRecord]], fault_cost: FaultCost | None = None) -> Straggler:
     """The straggler with the host cause its signals show, and the evidence for it; as
-    it was when none accounts for its extra time."""
+    it was when none accounts for its extra time. ``fault_cost``: a page fault's cost
+    measured after the job (else ``FAULT_US``)."""
     per = {r: host_medians(recs) for r, recs in records.items()}
     mine = per.get(s.rank)
     if mine is None or len(per) < 2:
@@ -116,6 +131,9 @@ def refine(s: Straggler, records: Mapping[int, Sequence[StepRecord]]) -> Straggl
             line += (f"; {mine.involuntary_switches:.0f} involuntary context switches per step"
                      + (f", the others {o_sw:.0f}" if o_sw is not None else ""))
         found.append((v - o, name, line))
+    faults = _faults(s, mine, per, fault_cost, need, held)
+    if faults is not None:
+        found.append(faults)
     v, o = mine.input_elements, _others(per, s.rank, "input_elements")
     if v is not None and o and v >= INPUT_RATIO * o and s.cause in ("forward", "backward"):
         found.append((held, INPUT, f"rank {s.rank}'s batches have {v / o:.2f}x the elements of the others' "
@@ -125,13 +143,49 @@ def refine(s: Straggler, records: Mapping[int, Sequence[StepRecord]]) -> Straggl
         return s
     found.sort(key=lambda f: -f[0])
     _, name, _ = found[0]
-    cause = name if s.cause in ("unknown", "") else f"{name} ({s.cause})"
+    phase = s.cause
+    if name == FAULTS and _in_backward(mine, per, s.rank):
+        phase = "backward"  # where the faults are, whatever the phase table showed beside the wait
+    cause = name if phase in ("unknown", "") else f"{name} ({phase})"
     return replace(s, cause=cause, evidence=[*s.evidence, *(line for _, _, line in found)])
+
+
+def _faults(s: Straggler, mine: HostMedians, per: Mapping[int, HostMedians], cost: FaultCost | None,
+            need: float, held: float) -> tuple[float, str, str] | None:
+    """(the time, FAULTS, the evidence line) when the straggler's page faults beyond its
+    peers', at a fault's cost, account for ``need`` of the others' wait; else None."""
+    v, o = mine.page_faults, _others(per, s.rank, "page_faults")
+    if v is None or o is None:
+        return None
+    us = cost.us if cost is not None else FAULT_US
+    extra = (v - o) * us
+    if extra < need:
+        return None
+    part = "all" if extra >= held else f"{extra / held:.0%}"
+    bwd, bwd_o = mine.backward_page_faults, _others(per, s.rank, "backward_page_faults")
+    inside = (f", {bwd:,.0f} of them inside backward (the others {bwd_o:,.0f})"
+              if bwd is not None and bwd_o is not None else "")
+    where = (f"measured after the job: {cost.source.removeprefix('measured: ')}" if cost is not None
+             else "a typical cost: none was measured after the job")
+    return extra, FAULTS, (
+        f"rank {s.rank} page-faulted {v:,.0f} times per step, the others {o:,.0f}{inside} (median over "
+        f"{mine.steps} steps, steps.jsonl): at {us:.2f} us a fault ({where}) {extra / 1000:.1f} ms per step, "
+        f"{part} of the {held / 1000:.1f} ms they wait for it. Its C library's allocator hands freed memory back "
+        "to the kernel and takes it again every step; the others' keep theirs")
+
+
+def _in_backward(mine: HostMedians, per: Mapping[int, HostMedians], rank: int) -> bool:
+    """Whether most of the rank's extra page faults are inside backward."""
+    v, o = mine.page_faults, _others(per, rank, "page_faults")
+    b, bo = mine.backward_page_faults, _others(per, rank, "backward_page_faults")
+    if v is None or o is None or b is None or bo is None or v <= o:
+        return False
+    return b - bo >= 0.5 * (v - o)
 
 
 def cause_kind(cause: str) -> str | None:
     """The host cause a straggler's cause names (CONTENTION, GC, INPUT), or None."""
-    for k in (CONTENTION, GC, INPUT):
+    for k in (CONTENTION, GC, INPUT, FAULTS):
         if cause.startswith(k):
             return k
     return None

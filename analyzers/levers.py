@@ -409,6 +409,9 @@ STRAGGLER_CODE = {
     host_causes.GC: "import gc\ngc.freeze()   # after building the model and loaders\ngc.disable()\n"
                     "# in the loop: if step % 100 == 0: gc.collect()   # every rank at the same step",
     host_causes.INPUT: "# balance tokens per rank: sort or bucket samples by length, or pack sequences",
+    host_causes.FAULTS: "# in every rank's environment (the launcher's), so that glibc keeps freed memory:\n"
+                        "MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824 torchrun ...\n"
+                        "# or preload another allocator: LD_PRELOAD=<path to libjemalloc.so or libtcmalloc.so>",
 }
 
 
@@ -475,6 +478,12 @@ def _straggler(ctx: RuleContext, lever: Lever) -> list[Finding]:
         what = ("rank {r} pauses longer for Python's garbage collector: make collections happen on every rank at "
                 "the same step (gc.disable() after setup, gc.collect() every N steps), or gc.freeze() after "
                 "building the model and loaders so that long-lived objects are not scanned again.")
+    elif kind == host_causes.FAULTS:
+        what = ("rank {r} page-faults its memory in afresh every step: its C library's allocator hands freed "
+                "memory (activations, gradients set to None) back to the kernel and takes it again, where the other "
+                "ranks' allocators keep theirs. Make every rank keep it: MALLOC_MMAP_THRESHOLD_=33554432 and "
+                "MALLOC_TRIM_THRESHOLD_=1073741824 in the job's environment (glibc; blocks over 32 MiB are still "
+                "mapped afresh), or preload jemalloc or tcmalloc.")
     elif kind == host_causes.INPUT:
         what = ("rank {r} gets bigger batches than the others (more elements: longer sequences, more padding): "
                 "balance the work per rank (bucket or sort by length, pack sequences, a token-based sampler).")

@@ -229,7 +229,7 @@ def analyze_path(
                         last_finished_steps(step_records), world)
         if hang:
             notices.append(Notice("error", f"hang: {hang.summary}"))
-    stragglers = [_left_out_said(s, late) for s in find_stragglers(evidence)]
+    stragglers = [_left_out_said(s, late) for s in find_stragglers(evidence, _fault_cost(run))]
     step_timeline = _step_timeline(inputs, traces, [s.rank for s in stragglers])
     second = _extra_window(run, inputs, step_records, metas, ranks, jobs, notices) if run is not None else None
     if over_time is not None:
@@ -283,6 +283,13 @@ def analyze_path(
         efficiency=efficiency,
     ), nccl=nccl_report, telemetry=telemetry)
     return _estimates(advised, inputs, step_records, run, notices)
+
+
+def _fault_cost(run: rundir.RunDir | None) -> Any:
+    """The page fault's cost measured after the job (factors/faults.json), or None."""
+    from pardiag.analyzers import factors
+
+    return factors.fault_cost(run.root) if run is not None else None
 
 
 def _outside(records: Sequence[StepRecord], late: Sequence[tuple[int, int, int | None]]) -> list[StepRecord]:

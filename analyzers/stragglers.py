@@ -55,6 +55,7 @@ import numpy as np
 from pardiag.analysis import Straggler
 from pardiag import step_records
 from pardiag.analyzers import host_causes
+from pardiag.analyzers.factors import FaultCost
 from pardiag.analyzers.intervals import total_length
 from pardiag.analyzers.rank_trace import CollectiveCall, StepSpan
 from pardiag.analyzers.timeline import clip
@@ -303,10 +304,12 @@ def _noise(series: _Series, candidate: int, excess: Sequence[float]) -> float:
     return _median([abs(b - a) for a, b in zip(excess, excess[1:])])
 
 
-def find_stragglers(evidence: Mapping[int, RankEvidence]) -> list[Straggler]:
+def find_stragglers(evidence: Mapping[int, RankEvidence],
+                    fault_cost: FaultCost | None = None) -> list[Straggler]:
     """The rank the others wait for, when the wait is significant over the steps (its
     95% interval clears a noise floor measured from the run) and the rank's own phases
-    show the extra work that explains it; otherwise none."""
+    show the extra work that explains it; otherwise none. ``fault_cost``: a page fault's
+    cost measured after the job, for its host cause (`host_causes.refine`)."""
     if len(evidence) < 2:
         return []
     busy = _cpu_busy(evidence)
@@ -322,7 +325,8 @@ def find_stragglers(evidence: Mapping[int, RankEvidence]) -> list[Straggler]:
             return []
         if found:
             records = {r: ev.step_records for r, ev in evidence.items() if ev.step_records}
-            return [host_causes.refine(f, records) for f in found] if len(records) == len(evidence) else found
+            return ([host_causes.refine(f, records, fault_cost) for f in found] if len(records) == len(evidence)
+                    else found)
     return []
 
 

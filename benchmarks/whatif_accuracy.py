@@ -87,6 +87,7 @@ SCENARIOS: dict[str, tuple[str | None, tuple[str, ...]]] = {
     "cpu_contention": ("host_contention", ()),
     "gc_pauses": ("garbage_collection", ()),
     "long_inputs": ("input_imbalance", ()),
+    "page_faults": ("straggler", ()),
     "healthy": (None, ()),
 }
 

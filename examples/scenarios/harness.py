@@ -184,6 +184,8 @@ def _train(
     gc_freeze: bool = False,
     hold_rank: int = -1,
     hold_mib: int = 0,
+    fresh_rank: int = -1,
+    keep_memory: bool = False,
 ) -> int:
     """`batch=None` takes the dataset's items as whole batches; `steps` counts optimizer
     steps (of `accum` micro-batches each); optimizer "zero_adamw" shards AdamW's state
@@ -196,7 +198,13 @@ def _train(
     whole job. `gc_rank` keeps `gc_heap` long-lived objects and calls gc.collect() every
     `gc_every` steps (as a memory-minded callback would); `gc_freeze`: gc.freeze() once
     they are built, so that collections skip them. `hold_rank` keeps `hold_mib` MiB of
-    float32 data for the whole job (an evaluation set only that rank loads)."""
+    float32 data for the whole job (an evaluation set only that rank loads). `fresh_rank`:
+    that rank's C library allocator maps every block of 128 KiB or more afresh and hands
+    it back when freed (its dynamic threshold fixed low, as glibc's ``M_MMAP_THRESHOLD``
+    allows), so each step faults its tensors' memory in again, and the other ranks'
+    allocators keep theirs; `keep_memory`: every rank's allocator keeps freed memory
+    (what ``MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824`` in the
+    environment do at start-up)."""
     torch.manual_seed(0)
     torch.set_num_threads(1)
     if autocast == "where_fast":
@@ -206,6 +214,11 @@ def _train(
         dist.init_process_group("gloo")
         model = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
     rank = dist.get_rank() if distributed else 0
+    if fresh_rank >= 0 and rank == fresh_rank and not keep_memory:
+        mallopt(M_MMAP_THRESHOLD, 128 << 10)
+    elif keep_memory or fresh_rank >= 0:  # the fix, or the planted rank's peers: they keep theirs
+        mallopt(M_MMAP_THRESHOLD, 32 << 20)
+        mallopt(M_TRIM_THRESHOLD, 1 << 30)
     with contextlib.ExitStack() as stack:
         if pin_ranks or rank == burner_rank:
             cpu = pin(rank)
@@ -219,6 +232,24 @@ def _train(
         return _loop(model, data, rank, distributed, steps=steps, batch=batch, autocast=autocast, workers=workers,
                      persistent_workers=persistent_workers, accum=accum, slow_rank=slow_rank, slow_ms=slow_ms,
                      slow_from=slow_from, optimizer=optimizer, pause_ms=pause_ms, gc_every=gc_every if heap else 0)
+
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
+
+
+def mallopt(param: int, value: int) -> bool:
+    """glibc's mallopt(param, value); False (and a line on stderr) where the C library
+    has none or refuses: the planted problem or its fix is then not in place."""
+    import ctypes
+    import sys
+
+    try:
+        ok = bool(ctypes.CDLL(None).mallopt(param, value))
+    except (OSError, AttributeError):
+        ok = False
+    if not ok:
+        print(f"harness: mallopt({param}, {value}) is not available here", file=sys.stderr)
+    return ok
 
 
 def pin(rank: int) -> int:

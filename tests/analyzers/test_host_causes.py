@@ -9,6 +9,7 @@ import pytest
 
 from pardiag.analysis import Straggler
 from pardiag.analyzers import host_causes
+from pardiag.analyzers.factors import FaultCost
 from pardiag.step_records import parse
 
 MS = 1000.0
@@ -74,6 +75,39 @@ def test_bigger_batches_on_the_straggler_are_input_imbalance() -> None:
                                           1: records(in_elems=1100, forwards=1)}) == STRAGGLER
     host = Straggler(rank=1, excess_us_per_step=30 * MS, cause="dataloader", evidence=[], held_us_per_step=25 * MS)
     assert host_causes.refine(host, recs) == host
+
+
+OUTSIDE = Straggler(rank=1, excess_us_per_step=19 * MS, cause="work outside DataLoader, forward, backward and optimizer",
+                    evidence=[], held_us_per_step=17.7 * MS)
+
+
+def test_page_faults_that_explain_the_wait_are_named_in_backward() -> None:
+    # rank 1 faulted 8,160 pages per step, all inside backward, rank 0 none: at the 2.46 us
+    # measured a fault, 8,160 x 2.46 = 20,073.6 us = 20.1 ms per step, over the 17.7 ms the
+    # others wait (all of it). The phase table had put the extra time outside the phases
+    # (backward's time holds the wait): the faults say backward
+    recs = {0: records(faults=0, bwd_faults=0), 1: records(faults=8160, bwd_faults=8160)}
+    cost = FaultCost(2.46, "measured: 16 MB written afresh")
+    s = host_causes.refine(OUTSIDE, recs, cost)
+    assert s.cause == "page faults (backward)" and host_causes.cause_kind(s.cause) == host_causes.FAULTS
+    assert s.evidence[-1].startswith(
+        "rank 1 page-faulted 8,160 times per step, the others 0, 8,160 of them inside backward (the others 0) "
+        "(median over 10 steps, steps.jsonl): at 2.46 us a fault (measured after the job: 16 MB written afresh) "
+        "20.1 ms per step, all of the 17.7 ms they wait for it.")
+    # unmeasured, a fault is taken at FAULT_US (1.2 us): 9,792 us, 55% of 17.7 ms, over half
+    s = host_causes.refine(OUTSIDE, recs)
+    assert s.cause == "page faults (backward)"
+    assert "at 1.20 us a fault (a typical cost: none was measured after the job) 9.8 ms per step, 55% of" in s.evidence[-1]
+
+
+def test_page_faults_outside_backward_keep_the_phase_and_too_few_are_no_cause() -> None:
+    # 8,000 extra faults, 1,000 of them in backward: the phase stays the table's
+    recs = {0: records(faults=200, bwd_faults=100), 1: records(faults=8200, bwd_faults=1100)}
+    s = host_causes.refine(OUTSIDE, recs, FaultCost(2.5, "measured"))
+    assert s.cause == "page faults (work outside DataLoader, forward, backward and optimizer)"
+    # 3,000 extra faults at 2.5 us: 7.5 ms, 42% of 17.7 ms: under half, not a cause
+    recs = {0: records(faults=0, bwd_faults=0), 1: records(faults=3000, bwd_faults=3000)}
+    assert host_causes.refine(OUTSIDE, recs, FaultCost(2.5, "measured")) == OUTSIDE
 
 
 def test_medians_skip_uncounted_steps() -> None:
