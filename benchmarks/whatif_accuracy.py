@@ -526,11 +526,11 @@ def pool(docs: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
         for r in doc.get("results") or []:
             row = rows.setdefault(r["scenario"], {"scenario": r["scenario"], "lever": r.get("lever"), "errors": [],
                                                   "measured": [], "found": 0, "pairs": 0, "invocations": [],
-                                                  "invocation_error_pp": []})
+                                                  "invocation_error_pp": {}})
             est = r.get("estimated_each_pct") or []
             meas = r.get("measured_each_pct") or []
             row["invocations"].append(label)
-            row["invocation_error_pp"].append(r.get("error_pp"))
+            row["invocation_error_pp"][label] = r.get("error_pp")
             row["pairs"] += len(meas)
             row["measured"].extend(meas)
             for e, m in zip(est, meas):
@@ -578,8 +578,8 @@ def pool_table(rows: list[dict[str, Any]], labels: list[str]) -> str:
                    f"max {max(by):.1f} pp ({worst['scenario']}); targets (each <= {TARGET_PP:g}, median <= "
                    f"{MEDIAN_TARGET_PP:g}) {'met' if met else 'not met'}")
     alone = []
-    for i, label in enumerate(labels):
-        errs = [abs(e) for r in levers if i < len(r["invocation_error_pp"]) and (e := r["invocation_error_pp"][i]) is not None]
+    for label in labels:
+        errs = [abs(e) for r in levers if (e := r["invocation_error_pp"].get(label)) is not None]
         if errs:
             ok = max(errs) <= TARGET_PP and statistics.median(errs) <= MEDIAN_TARGET_PP
             alone.append(f"{label} {'met' if ok else 'not met'} (median {statistics.median(errs):.1f}, max {max(errs):.1f})")

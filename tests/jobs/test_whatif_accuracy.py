@@ -228,6 +228,10 @@ def test_pooled_invocations_give_each_scenario_the_median_of_all_its_pairs() -> 
     assert "max 3.0 pp (slow_rank); targets (each <= 5, median <= 3) met" in text
     assert "A met (median 0.5, max 0.5); B not met (median 7.0, max 7.0)" in text
     assert "healthy (the control): a finding in 1 of 4 recordings" in text
+    # a scenario only the second invocation recorded counts in its line, not the first's
+    c = _doc(("gc_pauses", "garbage_collection", [90.0, 91.0], [80.0, 81.0]), error_pp={"gc_pauses": 10.0})
+    text = wa.pool_table(wa.pool([("A", a), ("C", c)]), ["A", "C"])
+    assert "A met (median 0.5, max 0.5); C not met (median 10.0, max 10.0)" in text
 
 
 def test_pool_reads_results_files_and_refuses_others(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
