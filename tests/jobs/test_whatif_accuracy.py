@@ -234,6 +234,20 @@ def test_pooled_invocations_give_each_scenario_the_median_of_all_its_pairs() -> 
     assert "A met (median 0.5, max 0.5); C not met (median 10.0, max 10.0)" in text
 
 
+def test_reuse_keeps_the_recording_the_benchmark_kept(tmp_path: Path) -> None:
+    # a job recorded three times (the first two disturbed): the least disturbed is kept,
+    # the second here (0.05 cores); without the loads written (older recordings), the last
+    first, again1, again2 = (tmp_path / n for n in ("j-fix-1", "j-fix-1-again1", "j-fix-1-again2"))
+    for d, load in ((first, 0.9), (again1, 0.05), (again2, 0.3)):
+        d.mkdir()
+        (d / wa.KEPT_FILE).write_text(json.dumps({"others_cores": load}))
+    (tmp_path / "j-fix-10").mkdir()  # another job whose name starts alike
+    assert wa.kept(first) == again1
+    (again2 / wa.KEPT_FILE).unlink()
+    assert wa.kept(first) == again2
+    assert wa.kept(tmp_path / "j-fix-10") == tmp_path / "j-fix-10"  # recorded once
+
+
 def test_pool_reads_results_files_and_refuses_others(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good = tmp_path / "O.json"
     good.write_text(json.dumps(_doc(("gc_pauses", "garbage_collection", [96.0, 97.0], [95.5, 96.2]))))
