@@ -129,10 +129,19 @@ class Plan:
     ranks: tuple[int, ...] = ()
 
 
-CAUSE_SIGNALS: dict[str, str] = {"garbage_collection": "gc"}
+CAUSE_SIGNALS: dict[str, str] = {"garbage_collection": "gc", "gradient_accumulation": "backward"}
 """Levers whose cause a step signal times on every step, profiled or not (the straggler's
-pauses: ``gc_us``). The window is a few steps: what the change removes there is scaled
-to the cause's size over the job's counted steps (``cause_scale``)."""
+pauses: ``gc_us``; the gradient all-reduces that accumulation leaves out of k - 1 of k
+micro-batches, which DDP waits for inside backward: ``bwd_us``). The window is a few
+steps: what the change removes there is scaled to the cause's size over the job's
+counted steps (``cause_scale``). comm_bound's all-reduces ran slower outside the window
+than in it in some recordings (its steps 87.2 and 89.8 ms against 72.0 and 70.9 in the
+window, backward with its wait 70.2 and 73.3 ms against 58.7 and 56.1): with the time
+removed from the window taken off the job's step, its 6 recordings of 2026-12-06 missed
+the saving measured with 4 micro-batches by +3.0, -4.3, -14.2, +7.8, +0.2 and -12.5
+points; scaled by backward over the job against the window (the slowest rank's per
+step), by +4.4, -1.8, -4.9, +4.7, +3.2 and +0.2 (the same removal as a share of the
+window's step: +6.3, -2.4, -4.8, +7.7, +5.2, 0.0)."""
 
 CAUSE_SCALE_MAX = 2.0
 """The most a window's removed time is scaled by a cause measured on every step (and the
@@ -173,8 +182,9 @@ def cause_scale(records: Mapping[int, Sequence[StepRecord]], name: str,
     if w <= 0 or j <= 0:
         return None
     scale = min(max(j / w, 1 / CAUSE_SCALE_MAX), CAUSE_SCALE_MAX)
-    words = (f"steps.jsonl {signal(name).key} of rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} "
-             f"over {'their' if len(ranks) > 1 else 'its'} peers': median {j / 1e3:.1f} ms over {len(job)} counted "
+    whose = (f"of rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} over "
+             f"{'their' if len(ranks) > 1 else 'its'} peers'" if peers else "of the slowest rank per step")
+    words = (f"steps.jsonl {signal(name).key} {whose}: median {j / 1e3:.1f} ms over {len(job)} counted "
              f"steps, {w / 1e3:.1f} ms over the window's {len(window)}")
     return scale, words
 
@@ -355,10 +365,11 @@ def plan(f: Finding, a: Analysis, inputs: Inputs) -> Plan | None:
         k = GRADIENT_ACCUMULATION_STEPS
         words = (f"gradient all-reduces and the optimizer once per {k} micro-batches",)
         mem = accumulating_backward(a, inputs, k)
+        cause, ranks = CAUSE_SIGNALS[lever], tuple(sorted(model.origin)) if (model := inputs.model) else ()
         if mem is None:
-            return Plan((rp.Accumulate(k),), words, ())
+            return Plan((rp.Accumulate(k),), words, (), cause, ranks)
         edit, said, facs = mem
-        return Plan((edit,), words + (said,), facs)
+        return Plan((edit,), words + (said,), facs, cause, ranks)
     if lever == "ddp_bucket_size" and inputs.comm is not None:
         cap = _advised_cap(f)
         ddp = (a.run.fw.ddp or [{}])[0] or {}

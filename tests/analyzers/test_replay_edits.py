@@ -990,6 +990,24 @@ def test_the_accumulation_estimate_counts_the_gradients_faulted_in_once_and_adde
         assert h.est_saving_pct == pytest.approx(round(100 * 225 / 2830, 1))
         assert h.estimate["factors"] == [] and len(h.evidence) == 2
 
+    # the all-reduces the micro-batches leave out, which backward's time holds, longer
+    # outside the window than in it: backward (with DDP's wait) 1500 us over the job's 6
+    # counted steps against 1200 in the window's 3, 1.25x: the 225 us removed from the
+    # window's step become 281.25, 9.9% of the job's 2830 us step
+    def with_backward(job_us: float, window_us: float) -> dict[int, list[StepRecord]]:
+        return {r: [StepRecord(step=i, t_end_ns=None, dur_us=2830.0, pardiag_us=0.0,
+                               profiler="active" if i > 6 else None, signals={"backward": job_us if i <= 6 else window_us})
+                    for i in range(1, 10)] for r in (0, 1)}
+
+    scaled = est(records=with_backward(1500.0, 1200.0))
+    assert scaled.est_saving_pct == pytest.approx(round(100 * 281.25 / 2830, 1))
+    (factor,) = scaled.estimate["factors"]
+    assert factor["value"] == pytest.approx(1.25) and "bwd_us of the slowest rank per step: median 1.5 ms over 6" in \
+        factor["source"]
+    alike = est(records=with_backward(1200.0, 1200.0))  # alike: the same 225 us, the factor 1x
+    assert alike.est_saving_pct == pytest.approx(round(100 * 225 / 2830, 1))
+    assert [x["value"] for x in alike.estimate["factors"]] == [pytest.approx(1.0)]
+
     # neither where: the add rate is not known (no large in-place add in the trace),
     plain(est(faults=cost))
     # backward added into gradients already there (they were not freed: nothing changes),
