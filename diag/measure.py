@@ -16,7 +16,8 @@ once the training command has exited 0 (`--no-measure` skips it).
   what the loop still pays per batch once its input is loaded in workers.
 
 * Page faults: when a rank of this node trained on the CPU and faulted inside backward
-  ``FAULTS_MIN`` times or more in its median counted step (steps.jsonl ``bwd_faults``),
+  ``FAULTS_MIN`` times or more per step (steps.jsonl ``bwd_faults``: the larger of its
+  median over the profiled window and over the counted steps),
   what a fault of fresh memory costs on this host, timed by
   `pardiag.collectors.fault_bench` with the job's Python -> ``factors/faults.json``:
   the gradient-accumulation estimate counts the faults that micro-batches accumulating
@@ -303,17 +304,19 @@ def measure_loader(run: rundir.RunDir, rank: int, meta: RankMeta | None, python:
 
 
 def backward_faults(run: rundir.RunDir, rank: int) -> float | None:
-    """The rank's median page faults inside backward over its counted steps; None without
-    step records that count them."""
-    from pardiag.analyzers.steps import median
-    from pardiag.step_records import counted
+    """The rank's page faults inside backward per step, as the accumulation estimate
+    counts them (`estimates.backward_faults`: the larger of the profiled window's median
+    and the counted steps'), 0 where they count none; None without step records that
+    count them."""
+    from pardiag.analyzers.estimates import backward_faults as counted_faults
 
     try:
-        vals = [v for r in rundir.read_steps(run, rank)
-                if counted(r) and (v := r.get("backward_page_faults")) is not None]
+        recs = rundir.read_steps(run, rank)
     except rundir.RunDirError:
         return None
-    return median(vals) if vals else None  # type: ignore[arg-type]
+    if not any(r.get("backward_page_faults") is not None for r in recs):
+        return None
+    return counted_faults(recs) or 0.0
 
 
 def measure_faults(run: rundir.RunDir, python: str, environ: Mapping[str, str]) -> dict[str, Any]:

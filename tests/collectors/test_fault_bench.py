@@ -84,6 +84,7 @@ def _rank(run: rundir.RunDir, device: str, bwd_faults: float | None, rank: int =
 @pytest.mark.parametrize("device, bwd_faults, reason", [
     ("cpu", 8160.0, None),
     ("cpu", 999.0, "backward page-faulted fewer than 1000 times per step"),
+    ("cpu", 0.0, "backward page-faulted fewer than 1000 times per step"),
     ("cpu", None, "no step records count the page faults"),
     ("cuda", 8160.0, "no rank of this node trained on a CPU"),
 ])
@@ -98,6 +99,20 @@ def test_measured_after_the_job_where_a_cpu_ranks_backward_faulted_in_every_step
     else:
         assert got["faults"] == {"status": "skipped", "reason": reason}
         assert not run.faults_factor.exists()
+
+
+def test_faults_in_the_profiled_steps_alone_are_timed_too(tmp_path: Path) -> None:
+    # the allocator faulted 8,160 times in each of the 3 profiled steps and never outside
+    # them: the accumulation estimate counts the window's (estimates.backward_faults), so
+    # their cost is timed
+    run = rundir.RunDir(tmp_path)
+    _rank(run, "cpu", 0.0)
+    lines = [json.loads(l) for l in run.steps(0).read_text().splitlines()]
+    for x in lines[3:6]:
+        x.update(profiler="active", bwd_faults=8160.0)
+    run.steps(0).write_text("".join(json.dumps(x) + "\n" for x in lines))
+    got = measure.measure_after_job(run, [sys.executable, "train.py"], "node0", [0], 0, os.environ, quiet=True)
+    assert got["faults"]["status"] == "ok"
 
 
 def test_of_two_nodes_the_lowest_ranks_measures(tmp_path: Path) -> None:

@@ -110,15 +110,25 @@ def test_the_accumulation_estimate_reads_the_jobs_own_adds_and_the_measured_faul
     assert factors["in-place add"]["value"] == pytest.approx(rate.us_per_byte * MIB, abs=1e-3)
     assert factors["in-place add"]["measured"] is True
 
-    def steady(rank: int) -> bool:  # every counted step (after the first two) faults within 2x of the median
+    def faults(rank: int) -> float:
+        """The larger of the backward faults' median over the profiled steps and over the
+        counted ones (past step 0, outside the window), from steps.jsonl."""
         rows = [json.loads(l) for l in (run / "ranks" / str(rank) / "steps.jsonl").read_text().splitlines()]
-        vals = sorted(r["bwd_faults"] for r in rows[2:] if "bwd_faults" in r and not r.get("profiler"))
-        return bool(vals) and statistics.median(vals) > 0 and vals[len(vals) // 4] >= statistics.median(vals) / 2
+        window = [r["bwd_faults"] for r in rows if r.get("profiler") == "active" and "bwd_faults" in r]
+        job = [r["bwd_faults"] for r in rows if r["step"] >= 1 and "bwd_faults" in r and not r.get("profiler")]
+        return max(statistics.median(window) if window else 0, statistics.median(job) if len(job) >= 5 else 0)
 
-    measured = json.loads((run / "factors" / "faults.json").read_text())
-    assert measured["status"] == "ok" and measured["bytes"] == 16 * MIB
-    if any(steady(r) for r in (0, 1)):
+    # the allocator decides run by run whether gradients are faulted in again each step:
+    # the fault is timed after the job when a rank faulted 1,000 times per step or more,
+    # counted (measured or assumed) when it faulted at all
+    most = max(faults(r) for r in (0, 1))
+    if most >= 1000:
+        measured = json.loads((run / "factors" / "faults.json").read_text())
+        assert measured["status"] == "ok" and measured["bytes"] == 16 * MIB
         assert factors["page fault of fresh memory"]["value"] == pytest.approx(measured["us_per_fault"], abs=1e-3)
+        assert factors["page fault of fresh memory"]["measured"] is True
         assert not [e for e in f["evidence"] if e.startswith("each step page-faults")]  # counted, not a caveat
+    elif most > 0:
+        assert factors["page fault of fresh memory"]["measured"] is False
     else:
         assert "page fault of fresh memory" not in factors
