@@ -153,9 +153,9 @@ def cause_scale(records: Mapping[int, Sequence[StepRecord]], name: str,
     """How much larger the cause is over the job's counted steps than in the profiled
     window, and how that was measured, from signal ``name`` per step (steps.jsonl): per step,
     the ``ranks``' largest value less the other ranks' median (what the straggler has
-    that its peers do not), its median over the counted steps against its median over
-    the window's steps (``profiler`` "active"). None when either is not measured or the
-    window's is not positive. A garbage-collection straggler's profiled window was its
+    that its peers do not; with every rank named, the slowest rank's value), its median
+    over the counted steps against its median over the window's steps (``profiler``
+    "active"). None when either is not measured or the window's is not positive. A garbage-collection straggler's profiled window was its
     3 steps 7-9, whose pauses (median 203.6 and 204.6 ms in two recordings) were
     shorter than over the job's counted steps (208.3 and 221.1 ms): the pauses grew as
     the job ran, and a saving taken off the job's step from the window alone fell 3.5
@@ -365,11 +365,12 @@ def plan(f: Finding, a: Analysis, inputs: Inputs) -> Plan | None:
         k = GRADIENT_ACCUMULATION_STEPS
         words = (f"gradient all-reduces and the optimizer once per {k} micro-batches",)
         mem = accumulating_backward(a, inputs, k)
-        cause, ranks = CAUSE_SIGNALS[lever], tuple(sorted(model.origin)) if (model := inputs.model) else ()
+        # the all-reduces it leaves out, timed on every rank: the slowest rank's backward per step
+        every = tuple(sorted(inputs.model.origin)) if inputs.model is not None else ()
         if mem is None:
-            return Plan((rp.Accumulate(k),), words, (), cause, ranks)
+            return Plan((rp.Accumulate(k),), words, (), CAUSE_SIGNALS[lever], every)
         edit, said, facs = mem
-        return Plan((edit,), words + (said,), facs, cause, ranks)
+        return Plan((edit,), words + (said,), facs, CAUSE_SIGNALS[lever], every)
     if lever == "ddp_bucket_size" and inputs.comm is not None:
         cap = _advised_cap(f)
         ddp = (a.run.fw.ddp or [{}])[0] or {}
@@ -399,7 +400,7 @@ def accumulating_backward(a: Analysis, inputs: Inputs,
     in-place adds of same-shaped tensors of 1 MiB or more in the window (SGD's
     ``param.add_``, Adam's ``exp_avg.lerp_``; ``gemm_shapes.inplace_add_rate``); without
     such calls neither term is counted. Its faults: its backward's per step
-    (``backward_faults``), up to the pages of the trainable parameters, at the cost
+    (``summary.backward_faults``), up to the pages of the trainable parameters, at the cost
     measured after the job (factors/faults.json; ``summary.FAULT_US``, labelled an
     assumption, when not measured).
 
@@ -412,7 +413,7 @@ def accumulating_backward(a: Analysis, inputs: Inputs,
     a median of -5.3 points with neither term (|error| 5.3, 6 within 5 points), +1.5 with
     the faults alone (3.8, 12) and -3.1 with both (3.9, 11): the faults alone look better
     and leave out a cost the fixed job's trace shows in every accumulating micro-batch."""
-    from pardiag.analyzers.summary import FAULT_US, PAGE_BYTES
+    from pardiag.analyzers.summary import FAULT_US, PAGE_BYTES, backward_faults
 
     model, rate = inputs.model, inputs.add_rate
     if model is None or rate is None or not a.ranks or any(r.device_type != "cpu" for r in a.ranks):
@@ -445,38 +446,12 @@ def accumulating_backward(a: Analysis, inputs: Inputs,
     facs: tuple[Factor, ...] = (Factor("in-place add", rate.us_per_byte * 2**20, "us/MB", rate.source, True),)
     if faults:
         words += (f", and faults their memory in no more: {', '.join(said)} page faults per step (steps.jsonl, "
-                  f"backward's, the larger of its median over the profiled steps and over the job's, up to the parameters' pages) at {us_each:.2f} us each, paid once per optimizer step")
+                  "backward's, the larger of its median over the profiled steps and over the job's, up to the "
+                  f"parameters' pages) at {us_each:.2f} us each, paid once per optimizer step")
         facs += ((Factor("page fault of fresh memory", cost.us, "us", cost.source.removeprefix("measured: "), True)
                   if cost is not None else
                   Factor("page fault of fresh memory", FAULT_US, "us", "assumed: not measured after the job", False)),)
     return rp.Accumulate(k, refault_us=tuple(faults), add_us=tuple(adds)), words, facs
-
-
-def backward_faults(records: Sequence[StepRecord]) -> float | None:
-    """The page faults per step a rank's backward takes that accumulating micro-batches
-    do not (steps.jsonl ``bwd_faults``): the larger of its median over the profiled
-    window's steps (what the replayed backward holds) and its median over the job's
-    counted steps (at least ``summary.FRESH_PAGES_MIN_STEPS`` of them; what the job's step,
-    which the saving is taken off, holds); None when neither is positive.
-
-    The C library's allocator does not fault alike in every run, nor in the window as
-    outside it: of comm_bound's 8 ranks in 4 recordings, one faulted in none of its
-    counted steps and 4,096-5,531 times in each profiled one, one 6,144-10,240 times per
-    counted step and 0-483 in the window, one 0 or about 4,096 times in turn; every
-    rank of their 4 fixed jobs faulted 8,160 times per 4 micro-batches. An earlier rule
-    counted only faults as frequent in every counted step (the quarter of steps that
-    fault least at half the median or more), and left the window's faults in the
-    micro-batches that accumulate: those 4 recordings were estimated at +2.9, -11.3,
-    -24.3 and +6.5 points off the measured saving, with this rule +3.0, -4.3, -14.2 and
-    +7.8 (the -14.2: that job's steps were 87.2 ms, its profiled ones 72.0, its
-    all-reduces slower outside the window)."""
-    from pardiag.analyzers.summary import FRESH_PAGES_MIN_STEPS
-
-    window = [v for x in records if x.profiler == "active" and (v := x.get("backward_page_faults")) is not None]
-    job = [v for x in records if counted(x) and (v := x.get("backward_page_faults")) is not None]
-    w = statistics.median(window) if window else 0.0
-    j = statistics.median(job) if len(job) >= FRESH_PAGES_MIN_STEPS else 0.0
-    return max(w, j) or None
 
 
 def _advised(f: Finding, key: str) -> Any:

@@ -103,7 +103,8 @@ def excess_us(rank: int, records: Mapping[int, Sequence[StepRecord]]) -> float:
     return out
 
 
-def refine(s: Straggler, records: Mapping[int, Sequence[StepRecord]], fault_cost: FaultCost | None = None) -> Straggler:
+def refine(s: Straggler, records: Mapping[int, Sequence[StepRecord]],
+           fault_cost: FaultCost | None = None) -> Straggler:
     """The straggler with the host cause its signals show, and the evidence for it; as
     it was when none accounts for its extra time. ``fault_cost``: a page fault's cost
     measured after the job (else ``FAULT_US``)."""
@@ -133,7 +134,7 @@ def refine(s: Straggler, records: Mapping[int, Sequence[StepRecord]], fault_cost
         found.append((v - o, name, line))
     faults = _faults(s, mine, per, fault_cost, need, held)
     if faults is not None:
-        found.append(faults)
+        found.append(faults[:3])
     v, o = mine.input_elements, _others(per, s.rank, "input_elements")
     if v is not None and o and v >= INPUT_RATIO * o and s.cause in ("forward", "backward"):
         found.append((held, INPUT, f"rank {s.rank}'s batches have {v / o:.2f}x the elements of the others' "
@@ -144,16 +145,17 @@ def refine(s: Straggler, records: Mapping[int, Sequence[StepRecord]], fault_cost
     found.sort(key=lambda f: -f[0])
     _, name, _ = found[0]
     phase = s.cause
-    if name == FAULTS and _in_backward(mine, per, s.rank):
+    if name == FAULTS and faults is not None and faults[3]:
         phase = "backward"  # where the faults are, whatever the phase table showed beside the wait
     cause = name if phase in ("unknown", "") else f"{name} ({phase})"
     return replace(s, cause=cause, evidence=[*s.evidence, *(line for _, _, line in found)])
 
 
 def _faults(s: Straggler, mine: HostMedians, per: Mapping[int, HostMedians], cost: FaultCost | None,
-            need: float, held: float) -> tuple[float, str, str] | None:
-    """(the time, FAULTS, the evidence line) when the straggler's page faults beyond its
-    peers', at a fault's cost, account for ``need`` of the others' wait; else None."""
+            need: float, held: float) -> tuple[float, str, str, bool] | None:
+    """(the time, FAULTS, the evidence line, whether most of them are inside backward)
+    when the straggler's page faults beyond its peers', at a fault's cost, account for
+    ``need`` of the others' wait; else None."""
     v, o = mine.page_faults, _others(per, s.rank, "page_faults")
     if v is None or o is None:
         return None
@@ -163,28 +165,21 @@ def _faults(s: Straggler, mine: HostMedians, per: Mapping[int, HostMedians], cos
         return None
     part = "all" if extra >= held else f"{extra / held:.0%}"
     bwd, bwd_o = mine.backward_page_faults, _others(per, s.rank, "backward_page_faults")
-    inside = (f", {bwd:,.0f} of them inside backward (the others {bwd_o:,.0f})"
-              if bwd is not None and bwd_o is not None else "")
+    inside, in_backward = "", False
+    if bwd is not None and bwd_o is not None:
+        inside = f", {bwd:,.0f} of them inside backward (the others {bwd_o:,.0f})"
+        in_backward = bwd - bwd_o >= 0.5 * (v - o)
     where = (f"measured after the job: {cost.source.removeprefix('measured: ')}" if cost is not None
              else "a typical cost: none was measured after the job")
     return extra, FAULTS, (
         f"rank {s.rank} page-faulted {v:,.0f} times per step, the others {o:,.0f}{inside} (median over "
         f"{mine.steps} steps, steps.jsonl): at {us:.2f} us a fault ({where}) {extra / 1000:.1f} ms per step, "
         f"{part} of the {held / 1000:.1f} ms they wait for it. Its C library's allocator hands freed memory back "
-        "to the kernel and takes it again every step; the others' keep theirs")
-
-
-def _in_backward(mine: HostMedians, per: Mapping[int, HostMedians], rank: int) -> bool:
-    """Whether most of the rank's extra page faults are inside backward."""
-    v, o = mine.page_faults, _others(per, rank, "page_faults")
-    b, bo = mine.backward_page_faults, _others(per, rank, "backward_page_faults")
-    if v is None or o is None or b is None or bo is None or v <= o:
-        return False
-    return b - bo >= 0.5 * (v - o)
+        "to the kernel and takes it again every step; the others' keep theirs"), in_backward
 
 
 def cause_kind(cause: str) -> str | None:
-    """The host cause a straggler's cause names (CONTENTION, GC, INPUT), or None."""
+    """The host cause a straggler's cause names (CONTENTION, GC, INPUT, FAULTS), or None."""
     for k in (CONTENTION, GC, INPUT, FAULTS):
         if cause.startswith(k):
             return k

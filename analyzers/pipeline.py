@@ -16,7 +16,7 @@ from pardiag import rundir
 from pardiag.analysis import Analysis, GpuTime, Notice, RankResult, StepTime, Straggler
 from pardiag.analyzers.collectives import clock_offsets, end_times, match
 from pardiag.analyzers.groups import process_groups
-from pardiag.analyzers import trace_parallel
+from pardiag.analyzers import factors, trace_parallel
 from pardiag.analyzers.rank_trace import RankTrace, analyze_rank_trace
 from pardiag.analyzers.steps import step_stats
 from pardiag.analyzers.stragglers import RankEvidence, find_stragglers, step_tiles, step_waits
@@ -229,7 +229,8 @@ def analyze_path(
                         last_finished_steps(step_records), world)
         if hang:
             notices.append(Notice("error", f"hang: {hang.summary}"))
-    stragglers = [_left_out_said(s, late) for s in find_stragglers(evidence, _fault_cost(run))]
+    fault_cost = factors.fault_cost(run.root) if run is not None else None  # factors/faults.json, read once
+    stragglers = [_left_out_said(s, late) for s in find_stragglers(evidence, fault_cost)]
     step_timeline = _step_timeline(inputs, traces, [s.rank for s in stragglers])
     second = _extra_window(run, inputs, step_records, metas, ranks, jobs, notices) if run is not None else None
     if over_time is not None:
@@ -282,14 +283,7 @@ def analyze_path(
         step_timeline=step_timeline,
         efficiency=efficiency,
     ), nccl=nccl_report, telemetry=telemetry)
-    return _estimates(advised, inputs, step_records, run, notices)
-
-
-def _fault_cost(run: rundir.RunDir | None) -> Any:
-    """The page fault's cost measured after the job (factors/faults.json), or None."""
-    from pardiag.analyzers import factors
-
-    return factors.fault_cost(run.root) if run is not None else None
+    return _estimates(advised, inputs, step_records, run, fault_cost, notices)
 
 
 def _outside(records: Sequence[StepRecord], late: Sequence[tuple[int, int, int | None]]) -> list[StepRecord]:
@@ -331,7 +325,7 @@ def _efficiency(run: rundir.RunDir | None, ranks: Sequence[RankResult], traces: 
                 metas: Mapping[int, RankMeta], step_records: Mapping[int, Sequence[StepRecord]], summary: Any,
                 device_name: str | None, notices: list[Notice]) -> Any:
     """The efficiency block (analyzers/efficiency.py); its failure is a notice."""
-    from pardiag.analyzers import efficiency, factors
+    from pardiag.analyzers import efficiency
     from pardiag.analyzers.flops import FlopCount
 
     try:
@@ -364,10 +358,10 @@ def _add_rate(a: Analysis, found: Sequence[tuple[int, Any, bool]]) -> Any:
 
 
 def _estimates(a: Analysis, inputs: Sequence[RankInput], step_records: Mapping[int, Sequence[StepRecord]],
-               run: rundir.RunDir | None, notices: list[Notice]) -> Analysis:
+               run: rundir.RunDir | None, fault_cost: factors.FaultCost | None, notices: list[Notice]) -> Analysis:
     """Replay-based estimates (analyzers/estimates.py); share-based ones, with a notice,
-    when the window cannot be replayed."""
-    from pardiag.analyzers import estimates, factors, replay
+    when the window cannot be replayed. ``fault_cost``: factors/faults.json's, as read."""
+    from pardiag.analyzers import estimates, replay
 
     found = [(i.rank, i.trace, i.trace_complete) for i in inputs if i.trace is not None]
     size = sum(Path(p).stat().st_size for _, p, _ in found if Path(p).exists())
@@ -389,7 +383,7 @@ def _estimates(a: Analysis, inputs: Sequence[RankInput], step_records: Mapping[i
     try:
         gemm, comm = estimates.run_factors(run) if model is not None else (None, None)
         loader = factors.loader_handover(run.root) if model is not None and run is not None else None
-        faults = factors.fault_cost(run.root) if model is not None and run is not None else None
+        faults = fault_cost if model is not None else None
         return estimates.apply(a, estimates.Inputs(model, step_records, gemm, comm, why, loader=loader,
                                                    faults=faults, add_rate=_add_rate(a, found)))
     except Exception as e:

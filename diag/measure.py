@@ -305,10 +305,10 @@ def measure_loader(run: rundir.RunDir, rank: int, meta: RankMeta | None, python:
 
 def backward_faults(run: rundir.RunDir, rank: int) -> float | None:
     """The rank's page faults inside backward per step, as the accumulation estimate
-    counts them (`estimates.backward_faults`: the larger of the profiled window's median
+    counts them (`summary.backward_faults`: the larger of the profiled window's median
     and the counted steps'), 0 where they count none; None without step records that
     count them."""
-    from pardiag.analyzers.estimates import backward_faults as counted_faults
+    from pardiag.analyzers.summary import backward_faults as counted_faults
 
     try:
         recs = rundir.read_steps(run, rank)

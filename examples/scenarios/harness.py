@@ -214,7 +214,7 @@ def _train(
         dist.init_process_group("gloo")
         model = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
     rank = dist.get_rank() if distributed else 0
-    if fresh_rank >= 0 and rank == fresh_rank and not keep_memory:
+    if rank == fresh_rank and not keep_memory:
         mallopt(M_MMAP_THRESHOLD, 128 << 10)
     elif keep_memory or fresh_rank >= 0:  # the fix, or the planted rank's peers: they keep theirs
         mallopt(M_MMAP_THRESHOLD, 32 << 20)

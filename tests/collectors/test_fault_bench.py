@@ -103,7 +103,7 @@ def test_measured_after_the_job_where_a_cpu_ranks_backward_faulted_in_every_step
 
 def test_faults_in_the_profiled_steps_alone_are_timed_too(tmp_path: Path) -> None:
     # the allocator faulted 8,160 times in each of the 3 profiled steps and never outside
-    # them: the accumulation estimate counts the window's (estimates.backward_faults), so
+    # them: the accumulation estimate counts the window's (summary.backward_faults), so
     # their cost is timed
     run = rundir.RunDir(tmp_path)
     _rank(run, "cpu", 0.0)

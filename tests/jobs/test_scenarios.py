@@ -97,6 +97,8 @@ def test_planted_problem_is_the_top_finding(tmp_path: Path, script: str, lever: 
         # rank 1's allocator maps its blocks afresh: the cause is its faults, not a phase's work
         assert top["ranks"] == [1] and "page faults" in top["title"], top["title"]
         assert "MALLOC_TRIM_THRESHOLD_" in top["action"]["code"], top["action"]
+        # at the cost measured after the job (factors/faults.json), not the typical one
+        assert any("a fault (measured after the job:" in e for e in top["evidence"]), top["evidence"]
 
 
 def _buckets_that_cost_nothing_here(findings: list[dict]) -> None:
