@@ -366,11 +366,11 @@ def plan(f: Finding, a: Analysis, inputs: Inputs) -> Plan | None:
         words = (f"gradient all-reduces and the optimizer once per {k} micro-batches",)
         mem = accumulating_backward(a, inputs, k)
         # the all-reduces it leaves out, timed on every rank: the slowest rank's backward per step
-        every = tuple(sorted(inputs.model.origin)) if inputs.model is not None else ()
+        all_ranks = tuple(sorted(inputs.model.origin)) if inputs.model is not None else ()
         if mem is None:
-            return Plan((rp.Accumulate(k),), words, (), CAUSE_SIGNALS[lever], every)
+            return Plan((rp.Accumulate(k),), words, (), CAUSE_SIGNALS[lever], all_ranks)
         edit, said, facs = mem
-        return Plan((edit,), words + (said,), facs, CAUSE_SIGNALS[lever], every)
+        return Plan((edit,), words + (said,), facs, CAUSE_SIGNALS[lever], all_ranks)
     if lever == "ddp_bucket_size" and inputs.comm is not None:
         cap = _advised_cap(f)
         ddp = (a.run.fw.ddp or [{}])[0] or {}
