@@ -44,7 +44,7 @@ test: $(STAMP)
 			(apt-get update -qq && apt-get install -y -qq $$missing >/dev/null) || echo "could not install$$missing: those tests will skip"; \
 		else echo "not installed:$$missing: those tests will skip"; fi; \
 	fi
-	$(BIN)/python -m pytest -q -rs -p no:cacheprovider tests
+	$(BIN)/python -m pytest -q -rs -p no:cacheprovider --durations=30 tests
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py

@@ -14,7 +14,9 @@ the other's speed too, which no trace shows. The probe times it, in processes of
   ``slowdown`` = beside_us / matmul_us, 1.0 where the CPUs do not share (the 2-CPU host
   of the README's tables: 0.98-1.05x).
 
-Taken at the start and the end of a benchmark, the two ``matmul_us`` give the host's drift.
+Taken at the start and the end of a benchmark, the two ``matmul_us`` give the host's drift;
+``speed_us`` (the multiply alone) is taken before, between and after the two jobs of each
+pair, which is recorded again when the host's speed moved under it.
 Linux only (CPU affinity); None elsewhere or with one CPU.
 
     python benchmarks/host_probe.py      # prints the probe as JSON
@@ -71,6 +73,18 @@ def _time_on(cpu: int, python: str) -> float:
     out = subprocess.run([python, "-c", _TIMER.replace("CPU", str(cpu))], capture_output=True, text=True,
                          timeout=120, check=True)
     return float(out.stdout.strip().splitlines()[-1])
+
+
+def speed_us(python: str = sys.executable) -> float | None:
+    """``matmul_us`` alone (about 3 s, torch's import included): the host's speed right
+    now, taken between the jobs of a pair; None where the probe cannot run."""
+    cpus = _cpus()
+    if cpus is None:
+        return None
+    try:
+        return round(_time_on(cpus[0], python), 1)
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
 
 
 def probe(python: str = sys.executable) -> dict[str, Any] | None:
