@@ -325,7 +325,7 @@ def test_the_combined_saving_is_compared_with_the_what_if() -> None:
     assert "combined_pct" not in wa.Result("s", "x", r.problem, r.fixed, [1.0, 1.0]).summary()
 
 
-def test_a_pair_over_which_the_host_sped_up_or_slowed_is_recorded_again(tmp_path: Path,
+def test_with_steady_a_pair_over_which_the_host_sped_up_or_slowed_is_recorded_again(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     # probes before, between and after the two jobs: 400, 410, 500 us (the host 25% slower
     # by the end: 500 / 400 - 1) -> the pair again; 400, 404, 410 (2.5%) is kept. A pair
@@ -341,7 +341,7 @@ def test_a_pair_over_which_the_host_sped_up_or_slowed_is_recorded_again(tmp_path
 
     monkeypatch.setattr(wa, "record", fake_record)
     monkeypatch.setattr(wa, "analyze", lambda path: {"findings": []})
-    p, f, drift = wa._pair("slow_rank", "straggler", 0, 30, tmp_path, 2, None)
+    p, f, drift = wa._pair("slow_rank", "straggler", 0, 30, tmp_path, 2, None, wa.HOST_DRIFT)
     assert recorded_dirs == ["slow_rank-0", "slow_rank-fix-0", "slow_rank-0-host1", "slow_rank-fix-0-host1"]
     assert (Path(p.run.path).name, Path(f.run.path).name) == ("slow_rank-0-host1", "slow_rank-fix-0-host1")
     assert drift == pytest.approx(0.025)
@@ -350,7 +350,7 @@ def test_a_pair_over_which_the_host_sped_up_or_slowed_is_recorded_again(tmp_path
 
     speeds = iter([400.0, 448.0, 420.0, 400.0, 410.0, 432.0, 500.0, 450.0, 600.0])
     recorded_dirs.clear()
-    p, f, drift = wa._pair("slow_rank", "straggler", 1, 30, tmp_path, 2, None)
+    p, f, drift = wa._pair("slow_rank", "straggler", 1, 30, tmp_path, 2, None, wa.HOST_DRIFT)
     assert len(recorded_dirs) == 6 and Path(p.run.path).name == "slow_rank-1-host1"
     assert drift == pytest.approx(0.08)
     doc = json.loads((tmp_path / wa.PAIRS_FILE).read_text())
@@ -358,12 +358,18 @@ def test_a_pair_over_which_the_host_sped_up_or_slowed_is_recorded_again(tmp_path
     assert "slow_rank-0" in doc  # the first pair's line is kept
     # --reuse of a directory an older benchmark kept (no PAIRS_FILE): the first attempt's names
     assert wa.kept_pair(tmp_path / "older", "slow_rank", 0) == (("slow_rank-0", "slow_rank-fix-0"), None)
+    # without --steady the pair is recorded once, whatever the probes say, and its drift given
+    speeds = iter([400.0, 600.0, 400.0])
+    recorded_dirs.clear()
+    _, _, drift = wa._pair("slow_rank", "straggler", 2, 30, tmp_path, 2, None)
+    assert recorded_dirs == ["slow_rank-2", "slow_rank-fix-2"] and drift == pytest.approx(0.5)
 
 
 def test_the_drift_line_counts_the_pairs_left_over_the_bound() -> None:
     assert wa.host_drift([400.0, None, 500.0]) == pytest.approx(0.25)
     assert wa.host_drift([None, 400.0]) is None
     rows = [{"host_drift_pct": [1.0, 7.5]}, {"host_drift_pct": [2.0, None]}, {}]
-    assert wa.drift_words(rows) == ("the host's speed over each pair kept: moved 2.0% (median), at most 7.5%; "
-                                    "1 of 3 pairs over 5% after every attempt")
+    assert wa.drift_words(rows, 0.05) == ("the host's speed over each pair kept: moved 2.0% (median), at most 7.5%; "
+                                          "1 of 3 pairs over 5% after every attempt")
+    assert wa.drift_words(rows) == "the host's speed over each pair kept: moved 2.0% (median), at most 7.5%"
     assert wa.drift_words([{"host_drift_pct": [None]}]) is None
