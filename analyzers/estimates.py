@@ -260,8 +260,9 @@ def job_held(a: Analysis, ranks: Sequence[int], step_us: float) -> tuple[float, 
 
     Where it is timed, it is the estimate (the window's replay said beside it): the
     fixed jobs' ranks spend more of each step off their CPUs, reaching the all-reduces
-    together, than the edited window gives them (slow_rank's fixed steps: 3.5-5.0 ms of 8
-    off the CPU on each rank; the edited window 1.5-2.4 ms beyond the peers' CPU time), and
+    together, than the edited window gives them (page_faults' fixed ranks 2.3-5.1 ms per
+    step, slow_rank's 3.5-5.0 of their 8; page_faults' edited windows 1.4-2.4 ms beyond
+    the peers' CPU time, their all-reduces timed on the rank that arrived last), and
     the straggler's own time off its CPU over the job is the nearer measure of it. Over 33
     pairs of 7 invocations on 2026-12-06 (slow_rank, page_faults, long_inputs: 13, 10 and
     10 pairs) the median error against the saving measured with the fix was +2.7, +9.3 and
