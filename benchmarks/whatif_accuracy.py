@@ -492,10 +492,15 @@ def _take(scenario: str, run: Run) -> Taken:
 
 
 def _pair(scenario: str, lever: str | None, i: int, steps: int, workdir: Path, retries: int,
-          reuse: Path | None, steady: float | None = None) -> tuple[Taken, Taken, float | None]:
+          reuse: Path | None, steady: float | None = None, probe: bool = True) -> tuple[Taken, Taken, float | None]:
     """Pair ``i``: its problem job, then its fixed job with the advised values the problem
     run's finding gave; with ``steady``, recorded again while the host's speed moved more
-    than that over it (the steadiest attempt kept); or the ones --keep kept (``reuse``)."""
+    than that over it (the steadiest attempt kept); or the ones --keep kept (``reuse``).
+    Without ``probe`` the host's speed is not timed (no drift, no --steady)."""
+
+    def speed() -> float | None:
+        return host_probe.speed_us() if probe else None
+
     if reuse is not None:
         (p_name, f_name), drift = kept_pair(reuse, scenario, i)
         p = _take(scenario, recorded(reuse / p_name, scenario, False))
@@ -504,16 +509,16 @@ def _pair(scenario: str, lever: str | None, i: int, steps: int, workdir: Path, r
     tries: list[tuple[float | None, Taken, Taken, tuple[str, str], list[float | None]]] = []
     for attempt in range((retries if steady is not None else 0) + 1):
         names = pair_names(scenario, i, attempt)
-        speeds = [host_probe.speed_us()]
+        speeds = [speed()]
         log(f"[{scenario}] recording {names[0]} ({steps} steps, {NPROC} ranks)")
         p = _take(scenario, record(scenario, False, workdir / names[0], steps, retries))
         values = _advised(lever, p.doc)
-        speeds.append(host_probe.speed_us())
+        speeds.append(speed())
         log(f"[{scenario}] recording {names[1]} ({steps} steps, {NPROC} ranks)")
         if values:
             log(f"[{scenario}]   as advised: {', '.join(f'{k}={v}' for k, v in values.items())}")
         f = replace(_take(scenario, record(scenario, True, workdir / names[1], steps, retries, values)), values=values)
-        speeds.append(host_probe.speed_us())
+        speeds.append(speed())
         drift = host_drift(speeds)
         tries.append((drift, p, f, names, speeds))
         shown = ", ".join("-" if x is None else f"{x:.0f}" for x in speeds)
@@ -533,14 +538,16 @@ def _advised(lever: str | None, doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def measure(scenario: str, repeat: int, steps: int, workdir: Path, retries: int = 0,
-            reuse: Path | None = None, combined: bool = False, steady: float | None = None) -> Result:
+            reuse: Path | None = None, combined: bool = False, steady: float | None = None,
+            probe: bool = True) -> Result:
     """Record the scenario `repeat` times with its problem and with --fix (alternating),
     analyse every run, and collect what `Result.summary` reports. With `reuse`, the runs
-    are the ones an earlier --keep left there, analysed again."""
+    are the ones an earlier --keep left there, analysed again; without `probe`, the
+    host's speed is not timed around each pair (`_pair`)."""
     lever = SCENARIOS[scenario][0]
     res = Result(scenario, lever)
     for i in range(repeat):
-        p, f, drift = _pair(scenario, lever, i, steps, workdir, retries, reuse, steady)
+        p, f, drift = _pair(scenario, lever, i, steps, workdir, retries, reuse, steady, probe)
         res.host_drift.append(drift)
         for t, fixed in ((p, False), (f, True)):
             run, doc = t.run, t.doc

@@ -16,7 +16,8 @@ comes from, missed the median of two pairs by -1.9 to +1.1 points (one pair: -4.
 pair: down to -7.0; the last one in a clean-clone CI run, whose fixed steps ran at 1.8
 and 2.7 ms). With the estimate the mean of the window's replay and the job's own steps
 (analyzers/estimates.py ``job_held``), one invocation on 2026-12-05 missed by -2.1 (pairs
--2.8 and -1.5). So the test bounds the two-pair median by TEST_BOUND_PP, not by the
+-2.8 and -1.5); with the job's own figure alone where it is timed (2026-12-06), the 13
+slow_rank pairs of 7 benchmark invocations missed by -3.3 to +6.1, median +1.0. So the test bounds the two-pair median by TEST_BOUND_PP, not by the
 5-point target (the benchmark's TARGET_PP): above every miss measured, far below
 what a broken estimate gives (the straggler kept: 90 points).
 """
@@ -273,7 +274,9 @@ def test_an_unknown_scenario_is_a_one_line_error(capsys: pytest.CaptureFixture[s
 
 @pytest.fixture(scope="module")
 def straggler_pairs(tmp_path_factory: pytest.TempPathFactory) -> wa.Result:
-    return wa.measure("slow_rank", repeat=2, steps=30, workdir=tmp_path_factory.mktemp("accuracy"), retries=1)
+    # (the host's speed is not timed around the pairs: 6 probes of about 3 s each)
+    return wa.measure("slow_rank", repeat=2, steps=30, workdir=tmp_path_factory.mktemp("accuracy"), retries=1,
+                      probe=False)
 
 
 @pytest.mark.slow
@@ -281,7 +284,8 @@ def test_the_straggler_estimate_matches_the_measured_saving(straggler_pairs: wa.
     s = straggler_pairs.summary()
     assert s["top_lever"] == ["straggler", "straggler"], s
     assert s["still_reported_after_fix"] == [False, False], s
-    # the estimate comes from the replay of the window, which reproduces the measured step
+    # the estimate is the replay's (its edits say where the job's own steps set the figure),
+    # and the replay reproduces the measured step
     assert s["method"] == ["replay", "replay"], s
     errors = [e for e in s["replay_error_pct"] if e is not None]
     assert len(errors) == 4 and max(errors) <= 8.0, s
