@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 from pardiag.analysis import Analysis, Finding, Notice
 from pardiag.analysis_blocks import WhatIf, WhatIfRow
@@ -194,8 +194,16 @@ PEER_INFLATION_MIN = 0.5
 straggler's projection (``peer_inflation``); a smaller ratio is not the profiler's."""
 
 
+class PeerInflation(NamedTuple):
+    """``peer_inflation``'s answer."""
+
+    ratio: float  # the peers' CPU time per step over the job against the window's (median over the peers)
+    added_us: float  # the CPU time per step the profiler added to their work (the window's less the job's)
+    source: str  # in words
+
+
 def peer_inflation(a: Analysis, records: Mapping[int, Sequence[StepRecord]],
-                   ranks: Sequence[int]) -> tuple[float, float, str] | None:
+                   ranks: Sequence[int]) -> PeerInflation | None:
     """How much shorter the work of a straggler's peers is outside the profiled window
     than in it, for ranks on CPUs: per peer, its training thread's CPU time per step
     (steps.jsonl ``cpu_us``) as a median over the job's counted steps against one over the
@@ -207,9 +215,8 @@ def peer_inflation(a: Analysis, records: Mapping[int, Sequence[StepRecord]],
     Taking the time removed off the job's step instead leaves the window's difference
     from the job in the estimate: in one recording the straggler's window steps were
     46.6 ms against its 47.9 ms over the job, and the saving came out 9.5 points short of
-    the one measured with the fix applied. Returned: the ratio (the median over the
-    peers), the CPU time the profiler added per step (the median over the peers of the
-    window's less the job's, at least 0), and the words. The estimate takes the added
+    the one measured with the fix applied. ``added_us`` is the median over the peers of
+    the window's CPU time per step less the job's (at least 0). The estimate takes the added
     time off the edited window's step, not the ratio to all of it: the waits and the
     collectives' transfers left in that step are not the profiler's. Over 33 recordings of
     slow_rank, page_faults and long_inputs (7 invocations on 2026-12-06) the window's
@@ -236,7 +243,7 @@ def peer_inflation(a: Analysis, records: Mapping[int, Sequence[StepRecord]],
     added = max(statistics.median(w - j for _, _, j, w in ratios), 0.0)
     shown = ", ".join(f"rank {r} {j / 1e3:.2f} ms over the job's counted steps, {w / 1e3:.2f} in the window"
                       for r, _, j, w in ratios[:4]) + (f", and {len(ratios) - 4} more" if len(ratios) > 4 else "")
-    return ratio, added, f"steps.jsonl cpu_us of the straggler's peers per step: {shown}"
+    return PeerInflation(ratio, added, f"steps.jsonl cpu_us of the straggler's peers per step: {shown}")
 
 
 PEERS_WORK = ("straggler", "input_imbalance")
@@ -535,24 +542,24 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
     shared: list[tuple[float, str]] = []  # the step the workers' share of the cores gave, in words, when it lengthened it
 
     def saving(edits: Sequence[rp.Edit], scale: float = 1.0, extra_us: float = 0.0,
-               deflate: float | None = None) -> tuple[float, float, float]:
+               profiler_us: float | None = None) -> tuple[float, float, float]:
         """(saving, the edited window's step: the median one less the time removed, the
         time removed from the window). ``scale``: of the time removed (a cause measured
         larger or smaller over the job than in the window); ``extra_us``: added to it
-        (the scaling of each finding, for all of them at once). ``deflate``: what remains
-        is the peers' work as the profiler inflated it (``peer_inflation``): the job's
-        step becomes the edited window's median step less the CPU time per step the
-        profiler added to it (``deflate``, us)."""
+        (the scaling of each finding, for all of them at once). ``profiler_us``: what
+        remains is the peers' work as the profiler inflated it (``peer_inflation``): the
+        job's step becomes the edited window's median step less the CPU time per step the
+        profiler added to it (``profiler_us``)."""
         edited = job_steps(rp.replay(model, edits))
         in_window = statistics.median(base_steps[k] - edited.get(k, base_steps[k]) for k in base_steps)
         removed = in_window * scale + extra_us
-        if deflate is not None and own_step and edited:
+        if profiler_us is not None and own_step and edited:
             # the edited window's step itself, not a difference of two replays in which the
             # window's preemptions cancel: without them (``replay.without_run_queue``)
             if not quiet:
                 quiet.append(rp.without_run_queue(model, run_queue_excess(inputs.step_records)))
             left = statistics.median(job_steps(rp.replay(quiet[0], edits)).values())
-            removed = u - (left - deflate) + extra_us
+            removed = u - (left - profiler_us) + extra_us
             in_window = b - left
         if load is not None and starts_workers(edits):
             alone = all(isinstance(e, rp.RemoveInputWait) for e in edits)
@@ -577,7 +584,7 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
                           + f" (the job's step of {job_u / 1e3:.1f} ms)")
             removed = max(0.0, u * (1 - floor / job_u))
         # (the window's projection: the time removed there, before the scaling)
-        projected = b - in_window if deflate is not None and own_step else b - (removed - extra_us) / scale
+        projected = b - in_window if profiler_us is not None and own_step else b - (removed - extra_us) / scale
         return (min(max(0.0, removed / u), 1.0) if u > 0 else 0.0), projected, in_window
 
     findings: list[Finding] = []
@@ -585,7 +592,7 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
     dropped: set[str] = set()
     all_edits: list[rp.Edit] = []
     all_extra = 0.0  # what the cause scaling of each finding adds to the time removed
-    deflate: float | None = None  # a straggler's: all of the edits at once leave the peers' work too
+    profiler_us: float | None = None  # a straggler's: all of the edits at once leave the peers' work too
     rows: list[WhatIfRow] = []
     for f in a.findings:
         p = plan(f, a, inputs)
@@ -598,12 +605,12 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
         scale = scaled[0] if scaled else 1.0
         inflation = peer_inflation(a, inputs.step_records, f.ranks) if f.lever in PEERS_WORK and own_step else None
         try:
-            s, e, in_window = saving(p.edits, scale, deflate=inflation[1] if inflation else None)
+            s, e, in_window = saving(p.edits, scale, profiler_us=inflation.added_us if inflation else None)
         except ValueError as exc:  # this finding's edits cannot be replayed: it alone stays share-based
             findings.append(replace(f, estimate=_share_estimate(f, f"its edits could not be replayed: {exc}")))
             continue
         if inflation is not None:
-            deflate = inflation[1]
+            profiler_us = inflation.added_us
         held = job_held(a, f.ranks, u) if inflation is not None and not floors else None
         if held is not None:
             # the job's own step less the others' wait (every counted step), not the
@@ -618,15 +625,15 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
             all_extra += in_window * (scale - 1)
         if inflation is not None:
             fac.append(Factor("the peers' CPU time per step the profiler added (the window's less the job's)",
-                              inflation[1] / 1e3, "ms", inflation[2], True))
+                              inflation.added_us / 1e3, "ms", inflation.source, True))
         if held is not None:
             fac.append(Factor("the others' wait per step over the job", held[0] / 1e3, "ms", held[1], True))
         est = {"method": "replay", "saving_pct": pct, "share_saving_pct": f.est_saving_pct,
                "replay_error_pct": err, "refused": None,
                "edits": list(p.words) + ([
                    f"the job's step after it: the edited window's median step ({e / 1e3:.1f} ms) less the CPU time "
-                   f"per step the profiler added to the peers' work ({inflation[1] / 1e3:.2f} ms, their "
-                   f"{inflation[0]:.2f}x: what is left is their work, which the profiler lengthened, and the waits "
+                   f"per step the profiler added to the peers' work ({inflation.added_us / 1e3:.2f} ms, their "
+                   f"{inflation.ratio:.2f}x: what is left is their work, which the profiler lengthened, and the waits "
                    "and transfers, which it does not)"] if inflation else [basis]) + ([
                    f"that is {100 * window_s:.1f}% over the window's {len(base_steps)} profiled steps; over the job's "
                    f"{len(counted_steps)} counted steps, its step ({u / 1e3:.1f} ms) less the others' wait for "
@@ -661,7 +668,7 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
     together: float | None = None
     if all_edits and job_step > 0:
         try:
-            together, _, _ = saving(all_edits, extra_us=all_extra, deflate=deflate)
+            together, _, _ = saving(all_edits, extra_us=all_extra, profiler_us=profiler_us)
         except ValueError:  # every edit alone replays, but not all at once: no replayed total
             together = None
     if together is not None:

@@ -16,7 +16,8 @@ the other's speed too, which no trace shows. The probe times it, in processes of
 
 Taken at the start and the end of a benchmark, the two ``matmul_us`` give the host's drift;
 ``speed_us`` (the multiply alone) is taken before, between and after the two jobs of each
-pair, which is recorded again when the host's speed moved under it.
+pair: how far the host's speed moved under it (with --steady, the pair is recorded again
+when it moved more than that).
 Linux only (CPU affinity); None elsewhere or with one CPU.
 
     python benchmarks/host_probe.py      # prints the probe as JSON

@@ -453,6 +453,18 @@ def host_drift(speeds: list[float | None]) -> float | None:
     return max(got) / min(got) - 1 if len(got) >= 2 else None
 
 
+def drift_words(rows: list[dict[str, Any]], steady: float | None = None) -> str | None:
+    """One line under the table: how far the host's speed moved over the pairs kept (and,
+    with ``steady``, how many stayed past it after every attempt)."""
+    drifts = [d for r in rows for d in r.get("host_drift_pct") or [] if d is not None]
+    if not drifts:
+        return None
+    over = sum(d > 100 * steady for d in drifts) if steady is not None else 0
+    return (f"the host's speed over each pair kept: moved {statistics.median(drifts):.1f}% (median), at most "
+            f"{max(drifts):.1f}%" + (f"; {over} of {len(drifts)} pairs over {100 * steady:g}% after every attempt"
+                                      if over and steady is not None else ""))
+
+
 def kept_pair(workdir: Path, scenario: str, i: int) -> tuple[tuple[str, str], float | None]:
     """The pair of jobs an earlier --keep kept (PAIRS_FILE; the first attempt's names
     where it has no line), and the host's drift over it."""
@@ -480,7 +492,7 @@ class Taken:
     """One job of a pair as measured: its run and its analysis."""
     run: Run
     doc: dict[str, Any]
-    values: dict[str, Any]  # the advised values it was run with (a fixed job)
+    values: dict[str, Any] = field(default_factory=dict)  # the advised values it was run with (a fixed job)
 
 
 def _take(scenario: str, run: Run) -> Taken:
@@ -488,7 +500,7 @@ def _take(scenario: str, run: Run) -> Taken:
     others = f", others used {run.others_cores:.2f} cores" if run.others_cores is not None else ""
     log(f"[{scenario}]   median step {run.per_micro_us / 1000:.1f} ms per micro-batch over "
         f"{run.steps_counted} steps ({run.wall_s:.0f} s{others})")
-    return Taken(run, doc, {})
+    return Taken(run, doc)
 
 
 def _pair(scenario: str, lever: str | None, i: int, steps: int, workdir: Path, retries: int,
@@ -532,8 +544,13 @@ def _pair(scenario: str, lever: str | None, i: int, steps: int, workdir: Path, r
     return p, f, drift
 
 
+def _found(lever: str | None, doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The analysis' findings of the scenario's lever (none for the control)."""
+    return [f for f in doc.get("findings") or [] if lever and f.get("lever") == lever]
+
+
 def _advised(lever: str | None, doc: dict[str, Any]) -> dict[str, Any]:
-    found = [f for f in doc.get("findings") or [] if lever and f.get("lever") == lever]
+    found = _found(lever, doc)
     return advised_values(lever, found[0]) if found and lever else {}
 
 
@@ -552,7 +569,7 @@ def measure(scenario: str, repeat: int, steps: int, workdir: Path, retries: int 
         for t, fixed in ((p, False), (f, True)):
             run, doc = t.run, t.doc
             res.replay_error_pct.append((doc.get("critical_path") or {}).get("replay_error_pct"))
-            found = [x for x in doc.get("findings") or [] if lever and x.get("lever") == lever]
+            found = _found(lever, doc)
             if fixed:
                 w = window_step_us(Path(run.path))
                 res.fixed_window_us.append(w / micro_batches(scenario, True) if w else None)
@@ -815,18 +832,6 @@ def main(argv: list[str] | None = None) -> int:
     if (line := drift_words(rows, None if a.steady is None else a.steady / 100)) is not None:
         print(line)
     return 0
-
-
-def drift_words(rows: list[dict[str, Any]], steady: float | None = None) -> str | None:
-    """One line under the table: how far the host's speed moved over the pairs kept (and,
-    with ``steady``, how many stayed past it after every attempt)."""
-    drifts = [d for r in rows for d in r.get("host_drift_pct") or [] if d is not None]
-    if not drifts:
-        return None
-    over = sum(d > 100 * steady for d in drifts) if steady is not None else 0
-    return (f"the host's speed over each pair kept: moved {statistics.median(drifts):.1f}% (median), at most "
-            f"{max(drifts):.1f}%" + (f"; {over} of {len(drifts)} pairs over {100 * steady:g}% after every attempt"
-                                      if over and steady is not None else ""))
 
 
 if __name__ == "__main__":
