@@ -36,6 +36,10 @@ demo: $(STAMP)
 # program in tmux (Debian's packages); those tests skip with a reason where the
 # packages cannot be installed.
 TEST_PACKAGES := chromium tmux
+# The tests run in two parts: those not marked `timed` on TEST_WORKERS workers at once
+# (pytest-xdist; a module's shared job stays on one worker), then the `timed` ones, which
+# assert on how long things took, one at a time with the machine to themselves.
+TEST_WORKERS ?= 2
 
 test: $(STAMP)
 	@missing=""; for p in $(TEST_PACKAGES); do command -v $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -44,7 +48,10 @@ test: $(STAMP)
 			(apt-get update -qq && apt-get install -y -qq $$missing >/dev/null) || echo "could not install$$missing: those tests will skip"; \
 		else echo "not installed:$$missing: those tests will skip"; fi; \
 	fi
-	$(BIN)/python -m pytest -q -rs -p no:cacheprovider --durations=30 tests
+	@rc=0; \
+	$(BIN)/python -m pytest -q -rs -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=20 -m "not timed" tests || rc=1; \
+	$(BIN)/python -m pytest -q -rs -p no:cacheprovider --durations=20 -m timed tests || rc=1; \
+	exit $$rc
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py

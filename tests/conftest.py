@@ -65,3 +65,27 @@ def python_without_torch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     python = env / "bin" / "python"
     assert subprocess.run([str(python), "-c", "import torch"], capture_output=True).returncode != 0
     return python
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With pytest-xdist (`make test` runs the tests not marked `timed` on several workers):
+    tests that share a fixture their own module builds once (a module- or session-scoped
+    job, parametrized or not) go to one worker together, so that the job runs once."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        module = item.path
+        for name in sorted(item.fixturenames):
+            defs = info.name2fixturedefs.get(name)
+            if not defs or defs[-1].scope not in ("module", "session"):
+                continue
+            where = Path(getattr(defs[-1].func, "__code__").co_filename)
+            if where != module:
+                continue
+            callspec = getattr(item, "callspec", None)
+            value = callspec.params.get(name, "") if callspec is not None else ""
+            param = value if isinstance(value, str) else callspec.indices[name]  # type: ignore[union-attr]
+            item.add_marker(pytest.mark.xdist_group(f"{module.stem}:{name}:{param}"))
+            break

@@ -283,6 +283,7 @@ def _json(base: Path, head: Path) -> tuple[int, dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_same_configuration_is_not_a_regression(runs: dict[str, Path]) -> None:
     base, same = _comparable(runs, "base", "same")
     _, doc = _json(base, same)
@@ -296,6 +297,7 @@ def test_same_configuration_is_not_a_regression(runs: dict[str, Path]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_planted_slow_rank_is_a_regression_named_in_markdown(runs: dict[str, Path]) -> None:
     base, slow = _comparable(runs, "base", "slow")
     rc, doc = _json(base, slow)
@@ -318,6 +320,7 @@ def test_planted_slow_rank_is_a_regression_named_in_markdown(runs: dict[str, Pat
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_plain_traces_fall_back_to_profiled_step_times(runs: dict[str, Path], tmp_path: Path) -> None:
     folders = {}
     for name in ("base", "slow"):

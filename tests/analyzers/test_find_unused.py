@@ -26,7 +26,7 @@ import pytest
 
 from conftest import SCRIPTS, read_steps, run_pardiag, torchrun
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timed]
 SCRIPT = SCRIPTS / "find_unused.py"
 WARMUP_STEPS = 20  # bucket rebuilding, allocator warm-up, the profiler window is within them or marked
 

@@ -13,6 +13,7 @@ from pardiag.analyzers.hang import diagnose
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_rank_that_stops_calling_collectives_is_named(tmp_path: Path) -> None:
     out = tmp_path / "hang"
     res = run_pardiag("run", "--no-report", "--out", str(out), "--", *torchrun(2, SCRIPTS / "stop_collectives.py"))

@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO, run_pardiag, torchrun
 from pardiag.analyzers.replay import MAX_ERROR, TARGET_MEDIAN_ERROR, Straggler, load_run, replay
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timed]
 SCENARIOS = REPO / "examples" / "scenarios"
 
 

@@ -46,6 +46,7 @@ def test_fit_ignores_the_base_point() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_scaling_command_on_real_runs(tmp_path: Path) -> None:
     example = REPO / "examples" / "train_ddp.py"
     one = run_pardiag("run", "-q", "--out", str(tmp_path / "n1"), "--", sys.executable, str(example), "--steps", "12")

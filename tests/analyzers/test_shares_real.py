@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO, run_pardiag, torchrun
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timed]
 SCENARIOS = REPO / "examples" / "scenarios"
 COMM_LEVERS = {"gradient_accumulation", "ddp_bucket_size", "comm_overlap"}
 

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import REPO, run_pardiag, torchrun
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timed]
 SCRIPT = REPO / "tests" / "scripts" / "sleepy_ddp.py"
 # the estimate may miss the measured speed-up by this much of the step (percentage
 # points): both runs share the machine's cores with whatever else runs on it

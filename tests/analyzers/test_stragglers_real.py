@@ -10,7 +10,7 @@ import pytest
 
 from conftest import REPO, run_pardiag, torchrun
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timed]
 EXAMPLE = REPO / "examples" / "train_ddp.py"
 
 

@@ -15,6 +15,7 @@ SCENARIO = REPO / "examples" / "scenarios" / "fp32_matmul.py"
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_a_torchrun_job_gets_its_gemm_speedup_and_allreduce_curve(tmp_path: Path) -> None:
     out = tmp_path / "run"
     res = run_pardiag("run", "--out", str(out), "--no-report", "--", *torchrun(2, SCENARIO, "--steps", "12"),

@@ -16,6 +16,9 @@ import pytest
 from pardiag import measure, rundir
 from pardiag.analyzers import factors
 
+# times measurements against each other: not beside another test (Makefile, TEST_WORKERS)
+pytestmark = pytest.mark.timed
+
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory: pytest.TempPathFactory) -> tuple[rundir.RunDir, dict]:

@@ -14,6 +14,9 @@ from pardiag import measure, rundir
 from pardiag.analyzers import factors
 from pardiag.analyzers.gemm_shapes import gemm_shapes
 
+# times measurements against each other: not beside another test (Makefile, TEST_WORKERS)
+pytestmark = pytest.mark.timed
+
 torch = pytest.importorskip("torch")
 
 ACTIVE = 2

@@ -16,6 +16,9 @@ import pytest
 from pardiag import measure, rundir
 from pardiag.analyzers import factors
 
+# times measurements against each other: not beside another test (Makefile, TEST_WORKERS)
+pytestmark = pytest.mark.timed
+
 torch = pytest.importorskip("torch")
 
 

@@ -143,6 +143,7 @@ def replayed_trigger(steps_jsonl: Path) -> int | None:
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 @pytest.mark.parametrize("slow_from", [20, 1000])
 def test_a_job_that_slows_down_records_a_second_window_on_every_rank(tmp_path: Path, slow_from: int) -> None:
     out = tmp_path / "run"

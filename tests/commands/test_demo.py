@@ -8,7 +8,7 @@ import pytest
 
 from conftest import read_json, read_steps, run_pardiag
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timed]
 
 
 def test_demo_with_bf16_and_a_worker(tmp_path: Path) -> None:

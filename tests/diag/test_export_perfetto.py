@@ -332,6 +332,7 @@ def test_help_says_what_the_file_holds() -> None:
 
 # ------------------------------------------------------------------------------ a real run
 @pytest.mark.slow
+@pytest.mark.timed
 def test_real_gloo_run_with_a_straggler(tmp_path: Path) -> None:
     from pardiag.analyzers import replay
 

@@ -85,6 +85,7 @@ def test_memory_taken_fresh_in_every_step_is_noticed(tmp_path: Path) -> None:
     assert notices("kept", "--keep") == []
 
 
+@pytest.mark.timed
 def test_the_accumulation_estimate_reads_the_jobs_own_adds_and_the_measured_fault(tmp_path: Path) -> None:
     """comm_bound under `pardiag run` as users run it (factors measured after the job): the
     gradient-accumulation estimate carries the in-place add rate of rank 0's own trace and,

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import REPO, run_pardiag, torchrun
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timed]
 # SECOND_RUN: two ranks, their gloo threads and the launcher share 2 cores, and a
 # scheduling hiccup during the 3 profiled steps can make one rank a real straggler or
 # leave communication exposed (seen: comm_bound with straggler on top, the healthy control

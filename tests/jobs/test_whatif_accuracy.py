@@ -280,6 +280,7 @@ def straggler_pairs(tmp_path_factory: pytest.TempPathFactory) -> wa.Result:
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_the_straggler_estimate_matches_the_measured_saving(straggler_pairs: wa.Result) -> None:
     s = straggler_pairs.summary()
     assert s["top_lever"] == ["straggler", "straggler"], s
@@ -293,6 +294,7 @@ def test_the_straggler_estimate_matches_the_measured_saving(straggler_pairs: wa.
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_the_measured_saving_is_reproducible(straggler_pairs: wa.Result) -> None:
     spread = straggler_pairs.spread_pp()
     assert spread is not None and spread <= REPRODUCIBLE_PP, straggler_pairs.summary()
