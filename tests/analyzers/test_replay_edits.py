@@ -324,6 +324,62 @@ def test_a_stragglers_fix_is_also_measured_over_the_jobs_own_steps(tmp_path: Pat
     assert f.est_saving_pct == pytest.approx(29.0)
 
 
+def _contended_records(window_runq: float, job_runq: float, process_cpu: float) -> dict[int, list[StepRecord]]:
+    """One profiled step and three counted steps of 3000 us per rank; rank 1 (the contended
+    one) waited ``window_runq`` us for its CPU in the profiled step and ``job_runq`` in each
+    counted one; each rank's process burned ``process_cpu`` us of CPU per counted step."""
+    def recs(r: int) -> list[StepRecord]:
+        q = (window_runq, job_runq) if r == 1 else (0.0, 0.0)
+        out = [StepRecord(step=0, t_end_ns=None, dur_us=1.0, pardiag_us=0.0),
+               StepRecord(step=1, t_end_ns=None, dur_us=2830.0, pardiag_us=0.0, profiler="active",
+                          signals={"run_queue": q[0], "process_cpu": process_cpu})]
+        return out + [StepRecord(step=i, t_end_ns=None, dur_us=3000.0, pardiag_us=0.0,
+                                 signals={"run_queue": q[1], "process_cpu": process_cpu}) for i in (2, 3, 4)]
+
+    return {0: recs(0), 1: recs(1)}
+
+
+def test_cpu_contentions_fix_is_the_jobs_step_less_the_wait_for_the_contended_rank(tmp_path: Path) -> None:
+    # rank 1 waits for its CPU; the window's replay takes 300 us off the job's 3000 (10.0%).
+    # Over the job's counted steps the others waited 1100 us per step more than rank 1 (its
+    # extra time 1200): 1100 of 3000, 36.7%, the estimate, as for a straggler of its own work
+    from pardiag.analysis import Straggler
+
+    m = _model(tmp_path, gloo_replay_rank(0, 2210, 2710), gloo_replay_rank(300, 2510, 2710))
+    base = analysis([rank(0, device="cpu"), rank(1, device="cpu")], framework={"threads": {"cpu_count": 2}})
+    timed = Straggler(rank=1, excess_us_per_step=1200.0, cause="CPU contention (forward)", evidence=[],
+                      held_us_per_step=1100.0, held_from="steps.jsonl")
+    busy = Finding(lever="host_contention", severity="high", title="rank 1 waits for its CPU", evidence=[], ranks=[1],
+                   est_saving_pct=36.0, action={})
+    a = replace(base, stragglers=[timed], findings=[busy])
+    # rank 1 waited 900 us for its CPU in the profiled step, 600 in the job's; 1000 us of CPU
+    # per rank and step on 2 cores: a floor of 1000 us, far below
+    (f,) = estimates.apply(a, estimates.Inputs(m, _contended_records(900.0, 600.0, 1000.0))).findings
+    assert f.est_saving_pct == pytest.approx(36.7)
+    assert f.estimate is not None and f.estimate["bound"] is None
+    (said,) = [e for e in f.estimate["edits"] if "the estimate is the job's" in e]
+    assert "10.0% over the window's 1 profiled steps" in said and "(1.1 ms) is 36.7% shorter" in said
+    assert ("the profiled steps were contended more than the job's: rank 1 waited for a CPU 0.9 ms per profiled "
+            "step, 0.6 over the job's steps (steps.jsonl runq_us)") in said
+    # no more contended in the window than over the job: the same figure, said plainly
+    (f,) = estimates.apply(a, estimates.Inputs(m, _contended_records(600.0, 600.0, 1000.0))).findings
+    assert f.est_saving_pct == pytest.approx(36.7)
+    assert f.estimate is not None and any("timed over every counted step" in e for e in f.estimate["edits"])
+    # 2200 us of CPU per rank and step on 2 cores: no step under 2200 us, 800 of 3000 (26.7%)
+    (f,) = estimates.apply(a, estimates.Inputs(m, _contended_records(900.0, 600.0, 2200.0))).findings
+    assert f.est_saving_pct == pytest.approx(26.7)
+    assert f.estimate is not None and f.estimate["bound"] is not None
+    assert "raised from 1.9 to 2.2 ms per step" in f.estimate["bound"]
+    # on GPUs the window's replay stands: 300 of 3000 us
+    gpu = replace(a, ranks=[rank(0, device="cuda"), rank(1, device="cuda")])
+    (f,) = estimates.apply(gpu, estimates.Inputs(m, _contended_records(900.0, 600.0, 1000.0))).findings
+    assert f.est_saving_pct == pytest.approx(10.0)
+    # a wait timed in the profiled window only: the replay's 10.0% too
+    window = replace(a, stragglers=[replace(timed, held_from="profiled window")])
+    (f,) = estimates.apply(window, estimates.Inputs(m, _contended_records(900.0, 600.0, 1000.0))).findings
+    assert f.est_saving_pct == pytest.approx(10.0)
+
+
 def test_the_peers_preemption_in_the_window_is_not_part_of_the_step_a_stragglers_fix_leaves(tmp_path: Path) -> None:
     # two profiled steps; rank 1 sleeps 300 us in each. In step 2 rank 0's forward took
     # 1400 us, 400 of them on the run queue: it arrived at 2830 + 2610 = 5440, after rank
