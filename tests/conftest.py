@@ -81,8 +81,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             defs = info.name2fixturedefs.get(name)
             if not defs or defs[-1].scope not in ("module", "session"):
                 continue
-            where = Path(getattr(defs[-1].func, "__code__").co_filename)
-            if where != module:
+            code = getattr(defs[-1].func, "__code__", None)
+            if code is None or Path(code.co_filename) != module:
                 continue
             callspec = getattr(item, "callspec", None)
             value = callspec.params.get(name, "") if callspec is not None else ""
