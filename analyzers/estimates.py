@@ -198,6 +198,19 @@ PEER_INFLATION_MIN = 0.5
 straggler's projection (``peer_inflation``); a smaller ratio is not the profiler's."""
 
 
+def _on_cpus(a: Analysis) -> bool:
+    """Every rank of the run computes on a CPU (and it has ranks)."""
+    return bool(a.ranks) and all(r.device_type == "cpu" for r in a.ranks)
+
+
+def job_and_window(recs: Sequence[StepRecord], name: str) -> tuple[list[float], list[float]]:
+    """A step signal's values over the job's counted steps, and over the profiled window's
+    active steps (where a rank observed it)."""
+    job = [v for rec in recs if counted(rec) and (v := rec.get(name)) is not None]
+    window = [v for rec in recs if rec.profiler == "active" and (v := rec.get(name)) is not None]
+    return job, window
+
+
 class PeerInflation(NamedTuple):
     """``peer_inflation``'s answer."""
 
@@ -228,14 +241,13 @@ def peer_inflation(a: Analysis, records: Mapping[int, Sequence[StepRecord]],
     against the saving measured with the fix, with the time taken off 2.7, 9.3 and 4.9.
     None off CPUs (a GPU's step is its kernels; the host's CPU time holds its
     spin-waits), or without the signal."""
-    if not a.ranks or any(r.device_type != "cpu" for r in a.ranks) or not ranks:
+    if not _on_cpus(a) or not ranks:
         return None
     ratios: list[tuple[int, float, float, float]] = []  # (rank, job / window, job, window)
     for r, recs in sorted(records.items()):
         if r in ranks:
             continue
-        job = [v for rec in recs if counted(rec) and (v := rec.get("cpu")) is not None]
-        window = [v for rec in recs if rec.profiler == "active" and (v := rec.get("cpu")) is not None]
+        job, window = job_and_window(recs, "cpu")
         if job and window and statistics.median(window) > 0:
             j, w = statistics.median(job), statistics.median(window)
             ratios.append((r, j / w, j, w))
@@ -307,12 +319,10 @@ def contended_words(records: Mapping[int, Sequence[StepRecord]], ranks: Sequence
     against the job's, where steps.jsonl has it."""
     said = []
     for r in ranks:
-        recs = records.get(r) or []
-        job = [v for rec in recs if counted(rec) and (v := rec.get("run_queue")) is not None]
-        window = [v for rec in recs if rec.profiler == "active" and (v := rec.get("run_queue")) is not None]
-        if job and window and statistics.median(window) > statistics.median(job):
-            said.append(f"rank {r} waited for a CPU {statistics.median(window) / 1e3:.1f} ms per profiled step, "
-                        f"{statistics.median(job) / 1e3:.1f} over the job's steps")
+        job, window = job_and_window(records.get(r) or [], "run_queue")
+        if job and window and (w := statistics.median(window)) > (j := statistics.median(job)):
+            said.append(f"rank {r} waited for a CPU {w / 1e3:.1f} ms per profiled step, "
+                        f"{j / 1e3:.1f} over the job's steps")
     return ("the profiled steps were contended more than the job's: " + "; ".join(said) + " (steps.jsonl runq_us)"
             if said else "the others' wait for the contended rank, timed over every counted step")
 
@@ -374,7 +384,7 @@ def plan(f: Finding, a: Analysis, inputs: Inputs) -> Plan | None:
                       for r in f.ranks)
         facs: tuple[Factor, ...] = ()
         c = inputs.comm
-        if every and c is not None and a.ranks and all(r.device_type == "cpu" for r in a.ranks):
+        if every and c is not None and _on_cpus(a):
             # on CPUs the collectives' workers share the contended CPU too
             edits += (rp.UncontendedCollectives(tuple(f.ranks), c.alpha_us, c.beta_us_per_byte),)
             words += (f"their all-reduces at most the curve's time ({c.alpha_us:.0f} us + "
@@ -472,7 +482,7 @@ def accumulating_backward(a: Analysis, inputs: Inputs,
     from pardiag.analyzers.summary import FAULT_US, PAGE_BYTES, backward_faults
 
     model, rate = inputs.model, inputs.add_rate
-    if model is None or rate is None or not a.ranks or any(r.device_type != "cpu" for r in a.ranks):
+    if model is None or rate is None or not _on_cpus(a):
         return None
     fw = getattr(a.run, "fw", None)
     trainable = ((fw.parameters if fw is not None else None) or {}).get("trainable_bytes")
@@ -639,9 +649,8 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
             continue
         if inflation is not None:
             profiler_us = inflation.added_us
-        # CPU contention on CPUs: its wait too is timed over the job's steps (``contended_held``)
-        contended = f.lever == "host_contention" and own_step and bool(a.ranks) \
-            and all(r.device_type == "cpu" for r in a.ranks)
+        # CPU contention on CPUs: its wait too is timed over the job's steps (``contended_words``)
+        contended = f.lever == "host_contention" and own_step and _on_cpus(a)
         held = job_held(a, f.ranks, u) if (inflation is not None and not floors) or contended else None
         if held is not None:
             # the job's own step less the others' wait (every counted step), not the
@@ -649,8 +658,7 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
             removed_us = held[0]
             if contended:
                 floors.clear()  # what held up the window's replay; the job's figure is bounded by the cores instead
-                floor = cpu.floor_us(p.edits, load) if cpu is not None else None
-                if cpu is not None and floor is not None and u - removed_us < floor:
+                if cpu is not None and (floor := cpu.floor_us(p.edits, load)) is not None and u - removed_us < floor:
                     floors.append(cpu.words(floor, u - removed_us, True, cpu.kept_busy(p.edits)))
                     removed_us = u - floor
             all_extra += removed_us - s * u
