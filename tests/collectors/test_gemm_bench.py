@@ -28,9 +28,9 @@ def record(path: Path) -> None:
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 64))
-    conv = nn.Conv2d(8, 16, 3, padding=1)
+    conv = nn.Conv2d(16, 32, 3, padding=1)
     qkv = nn.Linear(64, 3 * 64)
-    x, img, tokens = torch.randn(128, 256), torch.randn(4, 8, 16, 16), torch.randn(8, 128, 64)
+    x, img, tokens = torch.randn(128, 256), torch.randn(4, 16, 32, 32), torch.randn(8, 128, 64)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
                  on_trace_ready=lambda p: p.export_chrome_trace(str(path)),
                  schedule=schedule(wait=0, warmup=1, active=ACTIVE)) as p:
