@@ -231,16 +231,33 @@ SAME_CONFIG_FAIL_OVER = "20"
 MAX_HALF_SHIFT = 1.2  # a run whose two halves differ more had its machine change under it
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Three runs one after the other: the example twice, then with rank 1 slowed down."""
-    root = tmp_path_factory.mktemp("diff-runs")
+def _record(root: Path) -> dict[str, Path]:
     out = {}
     for name, extra in (("base", ()), ("same", ()), ("slow", ("--straggler-rank", "1", "--straggler-ms", "60"))):
         out[name] = root / name
         res = run_pardiag("run", "-q", "--no-report", "--out", str(out[name]), "--",
                           *torchrun(2, EXAMPLE, "--steps", "30", *extra))
         assert res.returncode == 0, res.stderr[-2000:]
+    return out
+
+
+def _machine_moved(out: dict[str, Path]) -> float:
+    """The larger change of rank 0's forward pass (the control) against the base run."""
+    return max(abs(_forward_us(out[b]) / _forward_us(out["base"]) - 1) for b in ("same", "slow"))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Three runs one after the other: the example twice, then with rank 1 slowed down.
+    Recorded once more when the machine moved past MAX_MACHINE_CHANGE between them (as
+    the first timed test, right after the install, a suite run read +38% and +16%), the
+    steadier set kept."""
+    root = tmp_path_factory.mktemp("diff-runs")
+    out = _record(root / "first")
+    if (moved := _machine_moved(out)) > MAX_MACHINE_CHANGE:
+        again = _record(root / "again")
+        print(f"the machine moved {moved:.0%} over the first three runs, {_machine_moved(again):.0%} over the second")
+        out = min((out, again), key=_machine_moved)
     return out
 
 
