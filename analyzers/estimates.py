@@ -613,12 +613,13 @@ def apply(a: Analysis, inputs: Inputs) -> Analysis:
                 removed = u * (1 - slowed[0] / job_u)
         floor = cpu.floor_us(edits, load) if cpu is not None else None
         straggler = any(isinstance(e, rp.Straggler) for e in edits)
+        regrouped = any(isinstance(e, rp.RegroupBuckets) for e in edits)
         if cpu is not None and floor is not None and own_step and u - removed < floor:
-            floors.append(cpu.words(floor, u - removed, straggler, cpu.kept_busy(edits)))
+            floors.append(cpu.words(floor, u - removed, straggler, cpu.kept_busy(edits), regrouped))
             removed = u - floor
         elif cpu is not None and floor is not None and not own_step and removed / u > 1 - floor / job_u:
             # a share of the window's step, but no larger than the job's own step can shed
-            floors.append(cpu.words(floor, job_u * (1 - removed / u), straggler, cpu.kept_busy(edits))
+            floors.append(cpu.words(floor, job_u * (1 - removed / u), straggler, cpu.kept_busy(edits), regrouped)
                           + f" (the job's step of {job_u / 1e3:.1f} ms)")
             removed = max(0.0, u * (1 - floor / job_u))
         # (the window's projection: the time removed there, before the scaling)
@@ -803,12 +804,12 @@ class CpuFloor:
     others computed, then computes with them) it would have them share nothing: on
     2 cores the sleeping straggler's test job was projected at 11.7 ms per step and
     ran at 16.0. Only for edits whose CPU time is measured: a straggler's excess CPU
-    per step over its peers' median leaves with it; DDP's buckets regrouped take none
-    with them (gloo reduces the same bytes in fewer calls: the tiny-bucket job's
+    per step over its peers' median leaves with it; DDP's buckets regrouped are taken
+    to take none with them, as measured in one recording (the tiny-bucket job's
     processes burned 25.3 and 25.7 ms of CPU per 27.5 ms step, the same job with 4x
     fewer all-reduces 25.3 and 27.0, on 2 cores; its step did not get shorter, where
-    the profiled window, whose all-reduces ran 3x the sweep's time, projected 28%);
-    nor do DataLoader workers: the loading moves to processes on the same cores (on
+    the profiled window, whose all-reduces ran 3x the sweep's time, projected 28%), though
+    more often they take some (below); nor do DataLoader workers: the loading moves to processes on the same cores (on
     2 busy cores 2 workers per rank left the contended job at 36.0 ms per step against
     35.8 and 39.7 with the problem, estimated 16.5 and 15.0% without this floor).
     On GPUs the host's CPU time holds spin-waits that leave with the waiting, so no
@@ -819,7 +820,23 @@ class CpuFloor:
     the cores times that share, the job's own step. The tiny-bucket job kept 2 cores
     87.8-90.8% busy per step (median), and with its buckets regrouped as advised 87.5%, its
     step 41.2-42.5 ms against 40.9-45.1 (2.4% saved); the floor at full cores had
-    projected 34.7 ms (15.2 and 11.7% estimated)."""
+    projected 34.7 ms (15.2 and 11.7% estimated).
+
+    Fewer all-reduces do burn less CPU more often than not: gloo's worker threads copy and
+    reduce on the CPU. In 14 later pairs of the tiny-bucket scenario (25 buckets of 0.25 MB
+    per step regrouped under the advised 1 MB cap; 2 ranks, 2 cores) each rank's threads
+    other than the training thread (``pcpu_us`` less ``cpu_us``) burned 8.3-22.5 ms per step
+    with the problem and 4.2-11.2 with the fix, the training threads as much as before; and
+    the fixed jobs kept their cores 73-93% busy, not 100%. Against the savings measured
+    there with the fix applied, these rules missed by -1.0 points (median; mean |error|
+    8.5), with 0.0% for the 2 pairs at 84-90% busy, which measured 7.4 and 38.0% (the
+    latter's fixed job re-recorded after the host's speed moved: the first recording's
+    steps 33.9 and 34.5 ms per rank, the kept one's 22.8 and 25.2);
+    the floor at full cores for every pair, -0.1 (7.8); that with the other threads' CPU
+    taken out in the share of the all-reduces' curve time the packs leave out, +11.5
+    (13.4); and with the cores then kept as busy as with the problem, -5.1 (10.1). The
+    rules were kept: the 14 pairs do not tell them from the floor alone, and earlier pairs
+    at 80% busy or more measured -5.6 and -0.4%, and -12.0 to +14.0 (median +1.5) in 6."""
 
     cpu_us: Mapping[int, float]  # rank -> its process's CPU time per step
     hosts: Mapping[str, tuple[tuple[int, ...], int]]  # host -> (its ranks, its cores)
@@ -863,14 +880,17 @@ class CpuFloor:
         return h, self.hosts[h][0], self.hosts[h][1]
 
     def words(self, floor: float, projected: float, straggler: bool = True,
-              kept: float | None = None) -> str:
+              kept: float | None = None, regrouped: bool = False) -> str:
         h, ranks, cores = self.busiest()
-        out = "a straggler's excess over its peers taken out" if straggler else "none of it removed by the change"
         if kept is not None:
             return (f"raised from {projected / 1e3:.1f} to {floor / 1e3:.1f} ms per step: the processes of ranks "
                     f"{', '.join(map(str, ranks))} keep host {h}'s {cores} cores {100 * kept:.0f}% busy "
-                    f"(steps.jsonl, their CPU time per step, {out}), and regrouped buckets, which take none of "
-                    "that work away, leave them as busy: the step as long")
+                    "(steps.jsonl, their CPU time per step), and regrouped buckets are taken to leave them as busy: "
+                    "the step as long (fewer all-reduces burn less CPU, but where the cores were this busy the "
+                    "steps have been little shorter for it)")
+        out = ("a straggler's excess over its peers taken out" if straggler else
+               "the CPU that fewer all-reduces save taken as balancing the share of the cores the job leaves idle"
+               if regrouped else "none of it removed by the change")
         return (f"raised from {projected / 1e3:.1f} to {floor / 1e3:.1f} ms per step: host {h}'s {cores} cores "
                 f"do the CPU work of ranks {', '.join(map(str, ranks))} (steps.jsonl, their processes' CPU time "
                 f"per step, {out}) no faster than that")
