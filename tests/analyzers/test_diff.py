@@ -224,8 +224,13 @@ def test_missing_path_is_a_one_line_error(tmp_path: Path) -> None:
 # significant: every step of a run shares its machine (see analyzers/diff.py). The runs
 # carry their own control: rank 0's forward pass does the same work in all three runs (the
 # planted delay runs on rank 1, outside forward), so its median time measures the machine.
-# Pairs whose machine changed by more than MAX_MACHINE_CHANGE are skipped, saying so; the
-# same-configuration pair is judged at a threshold that allows what the control admits.
+# A pair is skipped, saying so, only when the machine moved the way that could make its
+# test pass wrongly by more than MAX_MACHINE_CHANGE: for the same configuration, a slower
+# machine (judged at a threshold that allows what the control admits); for the planted slow
+# rank, a faster one, while a slower one raises the change the test asks for. On 2 cores the
+# control also reads high in the slow run, as rank 1's planted matrix products run beside
+# rank 0's forward: +11.8 and +26.4% against the same run's +4.5 and +16.4%, in two sets
+# recorded back to back.
 MAX_MACHINE_CHANGE = 0.15
 SAME_CONFIG_FAIL_OVER = "20"
 MAX_HALF_SHIFT = 1.2  # a run whose two halves differ more had its machine change under it
@@ -241,9 +246,14 @@ def _record(root: Path) -> dict[str, Path]:
     return out
 
 
+def _machine(runs: dict[str, Path], a: str, b: str) -> float:
+    """The change of rank 0's forward pass (the control) in run b against run a."""
+    return _forward_us(runs[b]) / _forward_us(runs[a]) - 1
+
+
 def _machine_moved(out: dict[str, Path]) -> float:
-    """The larger change of rank 0's forward pass (the control) against the base run."""
-    return max(abs(_forward_us(out[b]) / _forward_us(out["base"]) - 1) for b in ("same", "slow"))
+    """How far the machine moved the way that would skip a pair (see above)."""
+    return max(_machine(out, "base", "same"), -_machine(out, "base", "slow"))
 
 
 @pytest.fixture(scope="module")
@@ -278,11 +288,13 @@ def _halves_ratio(run: Path) -> float:
     return max(a, b) / min(a, b)
 
 
-def _comparable(runs: dict[str, Path], a: str, b: str) -> tuple[Path, Path]:
-    """Skip, saying why, unless the machine ran as fast during both runs and steadily within each."""
-    machine = _forward_us(runs[b]) / _forward_us(runs[a]) - 1
+def _comparable(runs: dict[str, Path], a: str, b: str, slower_ok: bool) -> tuple[Path, Path, float]:
+    """(run a, run b, the machine's change in b against a); skips, saying why, when the
+    machine ran faster in b (``slower_ok``) or slower (not ``slower_ok``) by more than
+    MAX_MACHINE_CHANGE, or a run's speed changed within it."""
+    machine = _machine(runs, a, b)
     print(f"rank 0 forward pass, {b} against {a}: {machine:+.1%}")
-    if abs(machine) > MAX_MACHINE_CHANGE:
+    if (-machine if slower_ok else machine) > MAX_MACHINE_CHANGE:
         pytest.skip(f"rank 0's unchanged forward pass took {machine:+.0%} in the {b} run against the {a} run: "
                     "the machine changed between the runs (other jobs), their step times do not compare")
     for name in (a, b):
@@ -290,7 +302,7 @@ def _comparable(runs: dict[str, Path], a: str, b: str) -> tuple[Path, Path]:
         if shift > MAX_HALF_SHIFT:
             pytest.skip(f"the {name} run's step time changed by {shift - 1:.0%} between its two halves: "
                         "the machine got busier or quieter during it")
-    return runs[a], runs[b]
+    return runs[a], runs[b], machine
 
 
 def _json(base: Path, head: Path) -> tuple[int, dict]:
@@ -302,7 +314,7 @@ def _json(base: Path, head: Path) -> tuple[int, dict]:
 @pytest.mark.slow
 @pytest.mark.timed
 def test_same_configuration_is_not_a_regression(runs: dict[str, Path]) -> None:
-    base, same = _comparable(runs, "base", "same")
+    base, same, _ = _comparable(runs, "base", "same", slower_ok=False)
     _, doc = _json(base, same)
     s = doc["steps"]
     print(f"same configuration: change {s['change_ratio']:+.1%}, p = {s['p_value']:.3g}, "
@@ -316,13 +328,14 @@ def test_same_configuration_is_not_a_regression(runs: dict[str, Path]) -> None:
 @pytest.mark.slow
 @pytest.mark.timed
 def test_planted_slow_rank_is_a_regression_named_in_markdown(runs: dict[str, Path]) -> None:
-    base, slow = _comparable(runs, "base", "slow")
+    base, slow, machine = _comparable(runs, "base", "slow", slower_ok=True)
     rc, doc = _json(base, slow)
     s = doc["steps"]
     print(f"planted slow rank: change {s['change_ratio']:+.1%}, p = {s['p_value']:.3g}, "
           f"CI {s['ci_low_ratio']:+.1%} to {s['ci_high_ratio']:+.1%}, n = {s['base_n']}/{s['head_n']}")
     assert rc == 1 and doc["verdict"] == "regression"
-    assert s["change_ratio"] > 0.1 and s["p_value"] < 0.01 and s["ci_low_ratio"] > 0  # the rule, spelled out
+    # the rule, spelled out; the change past what a slower machine alone would give
+    assert s["change_ratio"] > 0.1 + max(machine, 0.0) and s["p_value"] < 0.01 and s["ci_low_ratio"] > 0
     md = run_pardiag("diff", str(base), str(slow), "--format", "md", "--fail-over", "5")
     assert md.returncode == 1
     first = md.stdout.splitlines()[0]
