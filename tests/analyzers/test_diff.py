@@ -225,9 +225,10 @@ def test_missing_path_is_a_one_line_error(tmp_path: Path) -> None:
 # carry their own control: rank 0's forward pass does the same work in all three runs (the
 # planted delay runs on rank 1, outside forward), so its median time measures the machine.
 # A pair is skipped, saying so, only when the machine moved the way that could make its
-# test pass wrongly by more than MAX_MACHINE_CHANGE: for the same configuration, a slower
-# machine (judged at a threshold that allows what the control admits); for the planted slow
-# rank, a faster one, while a slower one raises the change the test asks for. On 2 cores the
+# test fail with the diff right, by more than MAX_MACHINE_CHANGE: for the same
+# configuration, a slower machine (judged at a threshold that allows what the control
+# admits); for the planted slow rank, a faster one. A slower machine there could make the
+# test pass with the diff wrong, so it raises the change the test asks for. On 2 cores the
 # control also reads high in the slow run, as rank 1's planted matrix products run beside
 # rank 0's forward: +11.8 and +26.4% against the same run's +4.5 and +16.4%, in two sets
 # recorded back to back.
