@@ -20,6 +20,23 @@ and 2.7 ms). With the estimate the mean of the window's replay and the job's own
 slow_rank pairs of 7 benchmark invocations missed by -3.3 to +6.1, median +1.0. So the test bounds the two-pair median by TEST_BOUND_PP, not by the
 5-point target (the benchmark's TARGET_PP): above every miss measured, far below
 what a broken estimate gives (the straggler kept: 90 points).
+
+Both pairs' problem runs record the same job. On 2026-12-07 a clean-clone CI run recorded
+it at 56.7 and 48.3 ms per step, 17% apart: during the slower one, processes outside the
+job (the hypervisor's steal counts among them) took 0.10 cores, 0.02-0.03 during the
+other three runs; rank 1's training thread got as little as 29.0 ms of CPU in a step
+whose busy loop alone runs 40 ms of wall time, with 3.9 ms of it waiting for a CPU, and
+it waited inside backward 9.6 ms per step (median) against 3.2 in the other recording.
+That recording's step held 8 ms that the other did not and its fixed run did not (8.4
+ms, 6.1 for the other pair's): its measured saving (85.1%) exceeded what removing the
+planted work (40.6 ms of the 56.7) can give (71.6%). Its estimate missed it by -20.1
+points, the other pair's by -3.5. With another process keeping 0.1 core busy throughout
+3 pairs here (both runs of each disturbed alike), the problem recordings lay 3.5% apart
+(48.5-50.2 ms) and the estimate missed by -4.3, -2.9 and +4.6; 3 quiet pairs, 7.5%
+apart (47.9-51.4 ms), by +1.3, -6.8 and -3.7; the 5 invocations above, 43-46 ms (7%).
+So a set whose two problem recordings lie more than PROBLEM_SPREAD apart is recorded
+once more, and the set whose two agree best is kept: the pairs compare the fix with a
+recording of the problem as undisturbed as the fixed run's.
 """
 
 from __future__ import annotations
@@ -43,6 +60,7 @@ import whatif_accuracy as wa  # noqa: E402
 
 TEST_BOUND_PP = 7.5  # the two-pair median of the real pair below: above the misses measured (see the docstring)
 REPRODUCIBLE_PP = 9.1  # the largest range of two straggler pairs' measured savings (docstring)
+PROBLEM_SPREAD = 0.12  # two recordings of the problem job further apart: one was disturbed (docstring)
 
 
 # -- the --fix switch -------------------------------------------------------------------
@@ -272,11 +290,28 @@ def test_an_unknown_scenario_is_a_one_line_error(capsys: pytest.CaptureFixture[s
 # -- one real pair --------------------------------------------------------------------------
 
 
+def problem_spread(res: wa.Result) -> float:
+    """How far apart the two recordings of the same problem job are: their median steps'
+    range over the shorter one."""
+    steps = [r.per_micro_us for r in res.problem]
+    return max(steps) / min(steps) - 1
+
+
 @pytest.fixture(scope="module")
 def straggler_pairs(tmp_path_factory: pytest.TempPathFactory) -> wa.Result:
+    """Two pairs; recorded once more when the two problem recordings disagree past
+    PROBLEM_SPREAD (one of them was disturbed), keeping the set whose two agree best."""
     # (the host's speed is not timed around the pairs: 6 probes of about 3 s each)
-    return wa.measure("slow_rank", repeat=2, steps=30, workdir=tmp_path_factory.mktemp("accuracy"), retries=1,
-                      probe=False)
+    sets: list[wa.Result] = []
+    for _ in range(2):
+        sets.append(wa.measure("slow_rank", repeat=2, steps=30, workdir=tmp_path_factory.mktemp("accuracy"),
+                               retries=1, probe=False))
+        spread = problem_spread(sets[-1])
+        if spread <= PROBLEM_SPREAD:
+            break
+        print(f"the two problem recordings' median steps differ by {100 * spread:.1f}% (past "
+              f"{100 * PROBLEM_SPREAD:.0f}%): {[round(r.per_micro_us / 1e3, 1) for r in sets[-1].problem]} ms")
+    return min(sets, key=problem_spread)
 
 
 @pytest.mark.slow
