@@ -6,7 +6,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import pytest
 
@@ -25,6 +25,22 @@ def free_port() -> int:
 def torchrun(nproc: int, script: Path, *args: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
             "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script), *args]
+
+
+T = TypeVar("T")
+
+
+def steadier(record: Callable[[int], T], unsteadiness: Callable[[T], float], what: str) -> T:
+    """A timed test's recording (``record(0)``), recorded once more (``record(1)``) when it
+    was unsteady: ``unsteadiness`` over 1, the host having moved under it. The steadier of
+    the two is kept, the first on a tie."""
+    first = record(0)
+    if (u1 := unsteadiness(first)) <= 1:
+        return first
+    second = record(1)
+    u2 = unsteadiness(second)
+    print(f"{what}: unsteadiness {u1:.2f}, recorded again: {u2:.2f} (over 1: unsteady)")
+    return second if u2 < u1 else first
 
 
 def pardiag_cmd(*args: str) -> list[str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, run_pardiag, torchrun
+from conftest import REPO, run_pardiag, steadier, torchrun
 from pardiag import rundir
 from pardiag.analysis import Collective, Finding
 from pardiag.analyzers.diff import (
@@ -276,14 +276,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     install, suite runs read +38% and +16% between runs, and another a base run whose
     halves differed by 39%), the steadier set kept."""
     root = tmp_path_factory.mktemp("diff-runs")
-    out = _record(root / "first")
-    if (first := _unsteadiness(out)) > 1:
-        again = _record(root / "again")
-        second = _unsteadiness(again)
-        print(f"unsteadiness {first:.2f} over the first three runs, {second:.2f} over the second "
-              "(over 1: a pair skips)")
-        out = again if second < first else out
-    return out
+    return steadier(lambda i: _record(root / ("first", "again")[i]), _unsteadiness,
+                    "the three runs (over 1: a pair skips)")
 
 
 def _undisturbed(run: Path, rank: int) -> list[StepRecord]:

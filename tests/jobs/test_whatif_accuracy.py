@@ -50,7 +50,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, steadier
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "examples" / "scenarios"))
@@ -302,16 +302,10 @@ def straggler_pairs(tmp_path_factory: pytest.TempPathFactory) -> wa.Result:
     """Two pairs; recorded once more when the two problem recordings disagree past
     PROBLEM_SPREAD (one of them was disturbed), keeping the set whose two agree best."""
     # (the host's speed is not timed around the pairs: 6 probes of about 3 s each)
-    sets: list[wa.Result] = []
-    for _ in range(2):
-        sets.append(wa.measure("slow_rank", repeat=2, steps=30, workdir=tmp_path_factory.mktemp("accuracy"),
-                               retries=1, probe=False))
-        spread = problem_spread(sets[-1])
-        if spread <= PROBLEM_SPREAD:
-            break
-        print(f"the two problem recordings' median steps differ by {100 * spread:.1f}% (past "
-              f"{100 * PROBLEM_SPREAD:.0f}%): {[round(r.per_micro_us / 1e3, 1) for r in sets[-1].problem]} ms")
-    return min(sets, key=problem_spread)
+    return steadier(lambda _: wa.measure("slow_rank", repeat=2, steps=30, workdir=tmp_path_factory.mktemp("accuracy"),
+                                         retries=1, probe=False),
+                    lambda res: problem_spread(res) / PROBLEM_SPREAD,
+                    "the straggler pairs (their problem recordings' spread over PROBLEM_SPREAD)")
 
 
 @pytest.mark.slow
